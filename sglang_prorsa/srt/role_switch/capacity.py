@@ -1,0 +1,119 @@
+"""Decode KV capacity C^D_KV and current decode footprint K^D_t (§4.2), read from instance reports.
+
+Every engine instance reports what it holds each control tick (``InstanceReport``). This module turns a set of reports
+into the decode-side numbers of Eq. 1 and the GPU budget G; the planner reads the same reports for load and eligibility.
+
+Units: KV quantities are in the unit the decode engine reports its pool in (tokens for SGLang's token-to-KV pool). The
+forecaster's K̂^D must use the same unit, since Eq. 1 adds K^D_t and K̂^D and divides by C^D_KV.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+class Role(str, enum.Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+    @property
+    def other(self) -> Role:
+        return Role.DECODE if self is Role.PREFILL else Role.PREFILL
+
+
+class InstanceStatus(str, enum.Enum):
+    ACTIVE = "active"  # serving its role and in the routing pool
+    DRAINING = "draining"  # out of the routing pool, in-flight work being cancelled and persisted (Appendix C)
+    SWITCHING = "switching"  # rebuilding role-specific communication and cache resources
+    UNHEALTHY = "unhealthy"  # failed health checks; neither capacity nor a switch candidate
+
+
+@dataclass(frozen=True)
+class InstanceReport:
+    """What one engine instance tells the controller at a tick.
+
+    ``role`` is the role the instance serves, or, while DRAINING/SWITCHING, the role it is switching *to*: an instance
+    already on its way to a role is counted there, so the planner does not order the same change twice.
+    ``role_since`` is when the instance last got a new role (None: never switched since start), for the dwell guard.
+    """
+
+    instance_id: str
+    role: Role
+    status: InstanceStatus = InstanceStatus.ACTIVE
+    gpus: int = 1
+    queued_prompt_tokens: int = 0  # full prompt lengths waiting in this instance's prefill queue
+    inflight_prompt_tokens: int = 0  # full prompt lengths of prefills being computed
+    decode_kv_used: int = 0  # KV held by decode requests (0 on a pure prefill instance)
+    decode_kv_capacity: int = 0  # usable KV pool size under the decode configuration (0 when not serving decode)
+    role_since: float | None = None
+
+    @property
+    def prefill_load(self) -> int:
+        """Prefill load for the least-loaded choice (Appendix C): queued + in-flight prompt tokens."""
+        return self.queued_prompt_tokens + self.inflight_prompt_tokens
+
+    @property
+    def decode_load(self) -> int:
+        """Decode load for the least-loaded choice: the KV footprint it would have to migrate away."""
+        return self.decode_kv_used
+
+    def load(self) -> int:
+        return self.prefill_load if self.role is Role.PREFILL else self.decode_load
+
+
+@dataclass(frozen=True)
+class CapacityConfig:
+    """``profiled_decode_kv_capacity``: C^D_KV from offline profiling, used until a decode instance reports its pool.
+    ``usable_fraction`` keeps part of each pool out of the plan (e.g. 0.9 leaves room for KV growth within the horizon,
+    which Eq. 1 does not model); 1.0 trusts the engine's own notion of usable."""
+
+    profiled_decode_kv_capacity: float | None = None
+    usable_fraction: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.usable_fraction <= 1.0:
+            raise ValueError(f"usable_fraction must be in (0, 1], got {self.usable_fraction}")
+        if self.profiled_decode_kv_capacity is not None and self.profiled_decode_kv_capacity <= 0:
+            raise ValueError("profiled_decode_kv_capacity must be positive")
+
+
+def decode_kv_capacity(reports: Iterable[InstanceReport], config: CapacityConfig) -> float:
+    """C^D_KV: usable KV capacity of one decode instance.
+
+    Taken as the smallest pool among active decode instances: Eq. 1 uses a single per-instance capacity, and the
+    smallest one never promises KV room an instance does not have. Falls back to the profiled value when no decode
+    instance is active (e.g. all are switching)."""
+    pools = [
+        r.decode_kv_capacity
+        for r in reports
+        if r.role is Role.DECODE and r.status is InstanceStatus.ACTIVE and r.decode_kv_capacity > 0
+    ]
+    if pools:
+        return min(pools) * config.usable_fraction
+    if config.profiled_decode_kv_capacity is None:
+        raise ValueError("no active decode instance reports a KV pool and no profiled capacity is configured")
+    return config.profiled_decode_kv_capacity * config.usable_fraction
+
+
+def decode_kv_footprint(reports: Iterable[InstanceReport]) -> int:
+    """K^D_t: decode KV held right now, summed over every instance whatever its status.
+
+    Instances that are draining, switching away from decode or unhealthy are included on purpose: their decode
+    requests are retried on other decode instances with their KV (Appendix C), so that KV still needs a home."""
+    return sum(r.decode_kv_used for r in reports)
+
+
+def gpu_budget(reports: Iterable[InstanceReport]) -> int:
+    """G: GPUs of all instances that can hold a role, i.e. everything but unhealthy instances."""
+    return sum(r.gpus for r in reports if r.status is not InstanceStatus.UNHEALTHY)
+
+
+def role_counts(reports: Iterable[InstanceReport]) -> dict[Role, int]:
+    """Instances per role, counting one mid-switch under the role it is switching to; unhealthy ones not at all."""
+    counts = {Role.PREFILL: 0, Role.DECODE: 0}
+    for r in reports:
+        if r.status is not InstanceStatus.UNHEALTHY:
+            counts[r.role] += 1
+    return counts
