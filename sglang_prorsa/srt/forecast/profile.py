@@ -1,0 +1,63 @@
+"""Profiled prefill time g(x) and decode KV footprint kappa_D(x) (paper B.7).
+
+``g(x)`` is the measured prefill execution time of a prompt of full length x (cached prefix included) on one prefill
+instance under the selected configuration. It is given as profiled points and interpolated piecewise-linearly
+(extrapolated with the last segment's slope), or as ``base_s + per_token_s * x + per_token2_s * x^2`` when only a
+fit is known (the quadratic term models attention cost on long prompts).
+
+``kappa_D(x)`` is the KV-cache footprint (in token slots) a request of prompt length x occupies when admitted to
+decode: x rounded up to whole pages, since the paged allocator hands out full pages.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class PrefillTimeProfile:
+    points: tuple[tuple[float, float], ...] = ()  # (prompt tokens, seconds), sorted by tokens
+    base_s: float = 0.01
+    per_token_s: float = 1.0 / 20_000.0  # ~20k full-prompt tokens/s per instance when no profile is given
+    per_token2_s: float = 0.0
+    _xs: tuple[float, ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        pts = tuple(sorted((float(x), float(s)) for x, s in self.points))
+        if any(x < 0 or s < 0 for x, s in pts):
+            raise ValueError("profile points must be non-negative")
+        if len({x for x, _ in pts}) != len(pts):
+            raise ValueError("profile points need distinct prompt lengths")
+        if min(self.base_s, self.per_token_s, self.per_token2_s) < 0:
+            raise ValueError("profile coefficients must be non-negative")
+        object.__setattr__(self, "points", pts)
+        object.__setattr__(self, "_xs", tuple(x for x, _ in pts))
+
+    def __call__(self, tokens: float) -> float:
+        """g(x) in seconds."""
+        x = max(0.0, float(tokens))
+        pts = self.points
+        if not pts:
+            return self.base_s + self.per_token_s * x + self.per_token2_s * x * x
+        if len(pts) == 1:  # one measurement: proportional to length through it
+            x0, s0 = pts[0]
+            return s0 * x / x0 if x0 > 0 else s0
+        i = bisect.bisect_right(self._xs, x)
+        i = min(max(i, 1), len(pts) - 1)  # segment [i-1, i]; outside the range extend the end segments
+        (xa, sa), (xb, sb) = pts[i - 1], pts[i]
+        return max(0.0, sa + (sb - sa) * (x - xa) / (xb - xa))
+
+
+@dataclass(frozen=True)
+class KVFootprint:
+    page_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1:
+            raise ValueError("page_size must be >= 1")
+
+    def __call__(self, tokens: float) -> float:
+        """kappa_D(x) in KV token slots."""
+        return float(math.ceil(max(0.0, float(tokens)) / self.page_size) * self.page_size)
