@@ -1,0 +1,185 @@
+"""Typed parameters of a synthetic agentic-RL rollout workload, and the presets.
+
+A ``WorkloadSpec`` = a ``TaskProfile`` (what one trajectory looks like: turns, prompt growth, tool / sandbox / reward
+durations, acceptance), an ``EngineModel`` (how fast prefill and decode run) and a ``RolloutSetting`` (synchronous
+steps or asynchronous injection, GRPO groups, concurrency). The presets are shaped after the paper's tasks (§5.1):
+a coding agent (SWE-style, long trajectories: ~850 s end to end in §5.4), a general agent (~220 s) and single-turn
+math. The numbers are plausible stand-ins, not measurements.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field, replace
+
+from sglang_prorsa.srt.forecast.profile import PrefillTimeProfile
+from sglang_prorsa.srt.forecast.sampler import InjectionConfig, InjectionPolicy
+
+
+@dataclass(frozen=True)
+class LogNormal:
+    """A positive quantity with a long right tail, given by its median; clipped to [lo, hi]."""
+
+    median: float
+    sigma: float
+    lo: float = 0.0
+    hi: float = math.inf
+
+    def sample(self, rng: random.Random) -> float:
+        if self.sigma <= 0:
+            return min(self.hi, max(self.lo, self.median))
+        return min(self.hi, max(self.lo, self.median * math.exp(self.sigma * rng.gauss(0.0, 1.0))))
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    weight: float
+    duration_s: LogNormal
+    result_tokens: LogNormal
+
+
+@dataclass(frozen=True)
+class TaskProfile:
+    name: str
+    turns: LogNormal  # model requests per trajectory (rounded, >= 1)
+    first_prompt_tokens: LogNormal
+    output_tokens: LogNormal
+    tools: tuple[ToolSpec, ...]
+    agent_overhead_s: LogNormal  # tool result -> next request reaches the engine
+    uses_sandbox: bool
+    prewarm_hit_rate: float
+    prewarm_start_s: LogNormal  # sandbox_start -> ready
+    cold_start_s: LogNormal
+    dispatch_s: LogNormal  # injection decision -> sandbox_start (or first request without sandbox)
+    first_request_s: LogNormal  # sandbox ready -> first request
+    reward_s: LogNormal
+    accept_rate: float
+
+
+@dataclass(frozen=True)
+class EngineModel:
+    """Serial per-instance prefill (what B.7 assumes) with noise around the profile, and per-token decode."""
+
+    prefill_instances: int = 8
+    prefill_base_s: float = 0.02
+    prefill_per_token_s: float = 1.0 / 60_000.0  # effective, cache hits included (full-prompt convention, §4.2)
+    prefill_noise_sigma: float = 0.15
+    decode_s_per_token: float = 0.03
+    decode_noise_sigma: float = 0.2
+
+    def profile(self) -> PrefillTimeProfile:
+        """The profiled g(x) handed to the predictor (noise-free)."""
+        return PrefillTimeProfile(base_s=self.prefill_base_s, per_token_s=self.prefill_per_token_s)
+
+
+@dataclass(frozen=True)
+class RolloutSetting:
+    mode: str  # "sync" | "async"
+    groups: int  # GRPO groups in flight (sync: per step; async: initial)
+    group_size: int
+    injection: InjectionConfig = field(default_factory=lambda: InjectionConfig(InjectionPolicy.NONE))
+    train_gap_s: float = 60.0  # sync: step end -> next step's launch (training + weight sync)
+
+    @property
+    def concurrency(self) -> int:
+        return self.groups * self.group_size
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    task: TaskProfile
+    engine: EngineModel
+    rollout: RolloutSetting
+
+    @property
+    def name(self) -> str:
+        return f"{self.task.name}/{self.rollout.mode}"
+
+
+CODING_AGENT = TaskProfile(
+    name="coding_agent",
+    turns=LogNormal(28, 0.5, 3, 80),
+    first_prompt_tokens=LogNormal(6000, 0.3, 1500, 20000),
+    output_tokens=LogNormal(350, 0.7, 20, 4000),
+    tools=(
+        ToolSpec("bash", 0.55, LogNormal(2.5, 0.9, 0.1, 120), LogNormal(800, 1.0, 20, 16000)),
+        ToolSpec("edit", 0.30, LogNormal(0.8, 0.5, 0.05, 20), LogNormal(300, 0.6, 20, 4000)),
+        ToolSpec("run_tests", 0.15, LogNormal(12.0, 0.7, 1, 240), LogNormal(1500, 0.8, 50, 16000)),
+    ),
+    agent_overhead_s=LogNormal(0.3, 0.5, 0.02, 5),
+    uses_sandbox=True,
+    prewarm_hit_rate=0.8,
+    prewarm_start_s=LogNormal(2.0, 0.4, 0.3, 20),
+    cold_start_s=LogNormal(35.0, 0.4, 5, 240),
+    dispatch_s=LogNormal(0.4, 0.5, 0.02, 5),
+    first_request_s=LogNormal(0.5, 0.5, 0.02, 5),
+    reward_s=LogNormal(25.0, 0.6, 2, 300),
+    accept_rate=0.85,
+)
+
+GENERAL_AGENT = TaskProfile(
+    name="general_agent",
+    turns=LogNormal(9, 0.5, 1, 40),
+    first_prompt_tokens=LogNormal(3500, 0.4, 500, 16000),
+    output_tokens=LogNormal(300, 0.8, 10, 4000),
+    tools=(
+        ToolSpec("search", 0.5, LogNormal(3.0, 0.6, 0.2, 60), LogNormal(1500, 0.6, 50, 12000)),
+        ToolSpec("browse", 0.3, LogNormal(6.0, 0.7, 0.5, 90), LogNormal(2500, 0.7, 50, 16000)),
+        ToolSpec("api_call", 0.2, LogNormal(1.0, 0.6, 0.05, 30), LogNormal(400, 0.6, 20, 4000)),
+    ),
+    agent_overhead_s=LogNormal(0.2, 0.5, 0.02, 5),
+    uses_sandbox=True,
+    prewarm_hit_rate=0.9,
+    prewarm_start_s=LogNormal(1.5, 0.4, 0.2, 20),
+    cold_start_s=LogNormal(20.0, 0.4, 3, 120),
+    dispatch_s=LogNormal(0.3, 0.5, 0.02, 5),
+    first_request_s=LogNormal(0.3, 0.5, 0.02, 5),
+    reward_s=LogNormal(8.0, 0.5, 1, 120),
+    accept_rate=0.8,
+)
+
+MATH = TaskProfile(
+    name="math",
+    turns=LogNormal(1, 0.0, 1, 1),
+    first_prompt_tokens=LogNormal(400, 0.4, 50, 4000),
+    output_tokens=LogNormal(6000, 0.8, 200, 32000),
+    tools=(),
+    agent_overhead_s=LogNormal(0.05, 0.0),
+    uses_sandbox=False,
+    prewarm_hit_rate=1.0,
+    prewarm_start_s=LogNormal(0.0, 0.0),
+    cold_start_s=LogNormal(0.0, 0.0),
+    dispatch_s=LogNormal(0.2, 0.5, 0.01, 5),
+    first_request_s=LogNormal(0.0, 0.0),
+    reward_s=LogNormal(1.0, 0.5, 0.1, 20),
+    accept_rate=0.7,
+)
+
+TASKS = {t.name: t for t in (CODING_AGENT, GENERAL_AGENT, MATH)}
+_ENGINES = {
+    "coding_agent": EngineModel(prefill_instances=8),
+    "general_agent": EngineModel(prefill_instances=6),
+    "math": EngineModel(prefill_instances=4, decode_s_per_token=0.02),
+}
+_GROUPS = {"coding_agent": (32, 8), "general_agent": (32, 8), "math": (64, 8)}
+
+
+def preset(name: str, mode: str = "async") -> WorkloadSpec:
+    """``coding_agent`` | ``general_agent`` | ``math`` in ``sync`` (steps) or ``async`` (group replenishment) mode."""
+    if name not in TASKS:
+        raise KeyError(f"unknown preset {name!r}; choose from {sorted(TASKS)}")
+    if mode not in ("sync", "async"):
+        raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
+    groups, size = _GROUPS[name]
+    if mode == "sync":
+        rollout = RolloutSetting("sync", groups, size, InjectionConfig(InjectionPolicy.NONE))
+    else:
+        rollout = RolloutSetting("async", groups, size, InjectionConfig(InjectionPolicy.GROUP, group_size=size))
+    return WorkloadSpec(TASKS[name], _ENGINES[name], rollout)
+
+
+def with_injection(spec: WorkloadSpec, injection: InjectionConfig) -> WorkloadSpec:
+    """The same workload under another (asynchronous) injection policy."""
+    return replace(spec, rollout=replace(spec.rollout, mode="async", injection=injection))
