@@ -66,7 +66,7 @@ class EngineModel:
     prefill_base_s: float = 0.02
     prefill_per_token_s: float = 1.0 / 60_000.0  # effective, cache hits included (full-prompt convention, §4.2)
     prefill_noise_sigma: float = 0.15
-    decode_s_per_token: float = 0.03
+    decode_s_per_token: float = 0.035  # per-trajectory TPOT of a large MoE under rollout load
     decode_noise_sigma: float = 0.2
 
     def profile(self) -> PrefillTimeProfile:
@@ -100,9 +100,9 @@ class WorkloadSpec:
 
 CODING_AGENT = TaskProfile(
     name="coding_agent",
-    turns=LogNormal(28, 0.5, 3, 80),
+    turns=LogNormal(18, 0.5, 3, 60),
     first_prompt_tokens=LogNormal(6000, 0.3, 1500, 20000),
-    output_tokens=LogNormal(350, 0.7, 20, 4000),
+    output_tokens=LogNormal(900, 0.6, 50, 8000),  # reasoning + tool call per turn
     tools=(
         ToolSpec("bash", 0.55, LogNormal(2.5, 0.9, 0.1, 120), LogNormal(800, 1.0, 20, 16000)),
         ToolSpec("edit", 0.30, LogNormal(0.8, 0.5, 0.05, 20), LogNormal(300, 0.6, 20, 4000)),
@@ -121,9 +121,9 @@ CODING_AGENT = TaskProfile(
 
 GENERAL_AGENT = TaskProfile(
     name="general_agent",
-    turns=LogNormal(9, 0.5, 1, 40),
+    turns=LogNormal(6, 0.5, 1, 30),
     first_prompt_tokens=LogNormal(3500, 0.4, 500, 16000),
-    output_tokens=LogNormal(300, 0.8, 10, 4000),
+    output_tokens=LogNormal(700, 0.7, 30, 8000),
     tools=(
         ToolSpec("search", 0.5, LogNormal(3.0, 0.6, 0.2, 60), LogNormal(1500, 0.6, 50, 12000)),
         ToolSpec("browse", 0.3, LogNormal(6.0, 0.7, 0.5, 90), LogNormal(2500, 0.7, 50, 16000)),
