@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project's virtual environment, keyed by the pinned requirements, and install the package.
+#   scripts/bootstrap.sh VENV REQUIREMENTS
+# The venv lives in a cache outside the clone so CI runs and later sessions reuse it; a half-built one (no stamp)
+# is removed and rebuilt. System packages Mooncake needs over TCP (libibverbs) are installed when missing.
+set -euo pipefail
+venv=$1
+req=$2
+stamp="$venv/.prorsa-ready"
+root=$(cd "$(dirname "$0")/.." && pwd)
+
+log() { echo "[bootstrap] $*" >&2; }
+
+need_pkgs=()
+for p in libibverbs1 ibverbs-providers; do
+  dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
+done
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  log "installing system packages: ${need_pkgs[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+
+if [ ! -f "$stamp" ]; then
+  if [ -d "$venv" ]; then
+    log "removing an unfinished environment at $venv"
+    rm -rf "$venv"
+  fi
+  start=$(date +%s)
+  log "creating $venv from $req (sglang and its dependencies: ~11 GB, several minutes on first use)"
+  mkdir -p "$(dirname "$venv")"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --upgrade pip
+  "$venv/bin/pip" install --progress-bar on -r "$req"
+  end=$(date +%s)
+  log "environment ready in $((end - start)) s ($(du -sh "$venv" | cut -f1))"
+  touch "$stamp"
+fi
+
+# The package itself: editable, no dependency resolution (the requirements already pin them). Redone only when
+# setup.py changes.
+dev_stamp="$venv/.prorsa-develop-$(sha256sum "$root/setup.py" | cut -c1-12)-$(echo "$root" | sha256sum | cut -c1-8)"
+if [ ! -f "$dev_stamp" ]; then
+  log "installing sglang_prorsa (editable) from $root"
+  "$venv/bin/pip" install -q --no-deps --no-build-isolation -e "$root"
+  rm -f "$venv"/.prorsa-develop-*
+  touch "$dev_stamp"
+fi

@@ -1,0 +1,122 @@
+"""The recipe that lets real SGLang 0.5.23 schedulers run on a machine with no CUDA device.
+
+Observed on this kind of machine (see docs/ARCHITECTURE.md): the CPU engine must be selected by environment, the
+PyPI ``sgl_kernel`` build needs a ``libcuda.so.1`` to load (a stub whose functions return an error code is enough),
+and a fixed set of flags picks torch-native paths. Flags the user gave explicitly always win; every setting chosen here
+is logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger("sglang_prorsa.launch")
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STUB_SOURCE = REPO_ROOT / "csrc" / "libcuda_stub.c"
+CACHE = Path(os.environ.get("SGLANG_PRORSA_CACHE", Path.home() / ".cache" / "sglang-prorsa"))
+
+
+@dataclass(frozen=True)
+class FlagDefault:
+    """One flag the recipe sets unless the user passed it: ``flag`` plus its value (None = a boolean switch)."""
+
+    flag: str
+    value: str | None
+    why: str
+    also: tuple[str, ...] = ()  # flags that, when given, already settle this one
+
+
+CPU_FLAGS: tuple[FlagDefault, ...] = (
+    FlagDefault("--device", "cpu", "no CUDA device"),
+    FlagDefault("--attention-backend", "torch_native", "the only attention backend that runs on CPU"),
+    FlagDefault("--sampling-backend", "pytorch", "flashinfer sampling needs CUDA"),
+    FlagDefault("--cuda-graph-backend-decode", "disabled", "no CUDA graphs without CUDA", ("--disable-cuda-graph",)),
+    FlagDefault("--cuda-graph-backend-prefill", "disabled", "no CUDA graphs without CUDA", ("--disable-cuda-graph",)),
+    FlagDefault("--disable-overlap-schedule", None, "the overlap scheduler assumes CUDA streams"),
+    FlagDefault("--grammar-backend", "none", "xgrammar's kernels need CUDA"),
+    FlagDefault("--sleep-on-idle", None, "an idle scheduler otherwise spins a whole core"),
+    # SGLang sizes the KV pool from free memory (72 % of the machine's RAM on CPU), which leaves no room for a second
+    # server; a fixed token budget keeps several instances on one machine.
+    FlagDefault("--max-total-tokens", "131072", "size the CPU KV pool by tokens, not by free RAM",
+                ("--mem-fraction-static",)),
+)
+
+# Decode servers on CPU: the default retraction backup registers host memory with CUDA and dies.
+CPU_DECODE_FLAGS: tuple[FlagDefault, ...] = (
+    FlagDefault("--disaggregation-decode-retraction-backup", "cpu_tensor", "the default backup needs CUDA"),
+)
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def given(argv: list[str], flag: str) -> bool:
+    """Did the user pass ``flag`` (as ``--flag``, ``--flag value`` or ``--flag=value``)?"""
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    for i, a in enumerate(argv):
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+        if a == flag and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def apply_cpu_flags(argv: list[str]) -> list[str]:
+    """Return argv with the recipe's flags added where the user did not give them (each one logged)."""
+    out = list(argv)
+    defaults = list(CPU_FLAGS)
+    if flag_value(argv, "--disaggregation-mode") == "decode" or given(argv, "--enable-pd-role-switch"):
+        defaults += CPU_DECODE_FLAGS
+    for d in defaults:
+        mine = next((f for f in (d.flag, *d.also) if given(argv, f)), None)
+        if mine:
+            logger.info("CPU recipe: keeping your %s", mine)
+            continue
+        out += [d.flag] if d.value is None else [d.flag, d.value]
+        logger.info("CPU recipe: %s%s (%s)", d.flag, "" if d.value is None else f" {d.value}", d.why)
+    return out
+
+
+def build_libcuda_stub(cache: Path = CACHE) -> Path:
+    """Compile ``csrc/libcuda_stub.c`` with gcc into the cache (once per source hash); return its directory."""
+    src = STUB_SOURCE.read_bytes()
+    out_dir = cache / "libcuda-stub" / hashlib.sha256(src).hexdigest()[:12]
+    lib = out_dir / "libcuda.so.1"
+    if lib.exists():
+        return out_dir
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        raise RuntimeError("no C compiler (gcc) found: needed once to build the libcuda stub for sgl_kernel on CPU")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".libcuda.so.1.{os.getpid()}"
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-Wl,-soname,libcuda.so.1", "-o", str(tmp), str(STUB_SOURCE)],
+                   check=True)
+    os.replace(tmp, lib)
+    (out_dir / "libcuda.so").unlink(missing_ok=True)
+    (out_dir / "libcuda.so").symlink_to("libcuda.so.1")
+    return out_dir
+
+
+def cpu_environment(env: dict[str, str]) -> dict[str, str]:
+    """The environment SGLang needs on CPU; returns only the variables that must change."""
+    changes: dict[str, str] = {}
+    if env.get("SGLANG_USE_CPU_ENGINE") != "1":
+        changes["SGLANG_USE_CPU_ENGINE"] = "1"  # otherwise rotary embedding imports vllm
+    stub = str(build_libcuda_stub())
+    paths = [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
+    if stub not in paths:
+        changes["LD_LIBRARY_PATH"] = ":".join([stub, *paths])
+    return changes

@@ -1,0 +1,64 @@
+"""sglang-prorsa's own command-line flags: one frozen dataclass, added to SGLang's parser as a separate group."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class ProrsaFlags:
+    pd_adaptive: bool = False
+    prorsa_instances: int = 2
+    prorsa_initial_prefill: int = 1
+    prorsa_horizon_s: float = 10.0
+    prorsa_control_interval_s: float = 0.0  # 0: once per horizon, as the paper refreshes every S seconds
+    prorsa_kv_store: str = "file"
+    prorsa_kv_store_path: str = ""
+    prorsa_log_dir: str = ""
+
+
+_HELP = {
+    "pd_adaptive": "Run the adaptive PD front: a router and the Prorsa control plane over --prorsa-instances engine "
+    "instances that switch between prefill and decode roles.",
+    "prorsa_instances": "Engine instances started under --pd-adaptive (default: 2).",
+    "prorsa_initial_prefill": "How many of them start as prefill instances (default: 1).",
+    "prorsa_horizon_s": "Forecast horizon S in seconds (paper Appendix B; default: 10).",
+    "prorsa_control_interval_s": "Seconds between allocation decisions (default: the horizon).",
+    "prorsa_kv_store": "Where switched requests' KV pages persist: 'file' (one machine) or 'mooncake' (Mooncake Store).",
+    "prorsa_kv_store_path": "Directory of the file KV store (default: a folder in the cache).",
+    "prorsa_log_dir": "Where the adaptive front writes its instances' logs (default: a temporary folder).",
+}
+
+
+def _option(name: str) -> str:
+    # Field names carry units (…_s); flags read naturally without them: --prorsa-horizon, --prorsa-control-interval.
+    base = name[:-2] if name.endswith("_s") else name
+    return "--" + base.replace("_", "-")
+
+
+def add_prorsa_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("sglang-prorsa")
+    defaults = ProrsaFlags()
+    for f in fields(ProrsaFlags):
+        default = getattr(defaults, f.name)
+        if isinstance(default, bool):
+            group.add_argument(_option(f.name), dest=f.name, action="store_true", help=_HELP[f.name])
+        elif f.name == "prorsa_kv_store":
+            group.add_argument(_option(f.name), dest=f.name, default=default, choices=("file", "mooncake"),
+                               help=_HELP[f.name])
+        else:
+            group.add_argument(_option(f.name), dest=f.name, type=type(default), default=default, help=_HELP[f.name])
+
+
+def split_prorsa_flags(argv: list[str]) -> tuple[ProrsaFlags, list[str]]:
+    """Separate our flags from SGLang's: returns (ours, the argv to hand to SGLang)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    add_prorsa_flags(parser)
+    ns, rest = parser.parse_known_args(argv)
+    flags = ProrsaFlags(**{f.name: getattr(ns, f.name) for f in fields(ProrsaFlags)})
+    if flags.prorsa_instances < 2 and flags.pd_adaptive:
+        raise SystemExit("--prorsa-instances: the adaptive front needs at least 2 instances (one per role)")
+    if not 1 <= flags.prorsa_initial_prefill < flags.prorsa_instances:
+        raise SystemExit("--prorsa-initial-prefill must be between 1 and --prorsa-instances - 1")
+    return flags, rest

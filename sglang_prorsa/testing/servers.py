@@ -1,0 +1,135 @@
+"""Start and stop real server processes for tests and benchmarks, bound to 127.0.0.1, ended by PID.
+
+Every process is started in its own session (process group) and recorded; ``stop`` sends SIGTERM to the group, waits,
+then SIGKILLs the group (SGLang servers do not always exit within seconds of SIGTERM). An ``atexit`` hook stops
+whatever is still recorded, so an interrupted test run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+LOOPBACK = "127.0.0.1"
+_LIVE: dict[int, "ServerProcess"] = {}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def loopback_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment every server we start gets: nothing is advertised beyond loopback."""
+    env = dict(os.environ)
+    env.update({"SGLANG_HOST_IP": LOOPBACK, "MC_TCP_BIND_ADDRESS": LOOPBACK, "MOONCAKE_PROTOCOL": "tcp"})
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class ServerProcess:
+    name: str
+    argv: list[str]
+    port: int
+    proc: subprocess.Popen
+    log_path: Path
+    started_at: float = field(default_factory=time.monotonic)
+    ready_s: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "<no log>"
+
+    def wait_ready(self, timeout: float = 180.0, path: str = "/health") -> float:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"server {self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if requests.get(self.url + path, timeout=2).status_code == 200:
+                    self.ready_s = time.monotonic() - self.started_at
+                    return self.ready_s
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"server {self.name} not ready within {timeout} s:\n{self.log_tail()}")
+
+    def stop(self, grace_s: float = 8.0) -> None:
+        _LIVE.pop(self.pid, None)
+        if not self.alive():
+            return
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.pid, sig)  # our own process group: started with start_new_session=True
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(timeout=wait)
+                if sig == signal.SIGKILL:
+                    return
+            except subprocess.TimeoutExpired:
+                continue
+        # The leader exited on SIGTERM; still make sure none of its children outlive it.
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def start(
+    module_args: list[str],
+    *,
+    name: str,
+    port: int,
+    env: dict[str, str] | None = None,
+    log_dir: Path | None = None,
+    module: str = "sglang_prorsa.launch_server",
+) -> ServerProcess:
+    """Start ``python -m module *module_args`` (the caller puts --host/--port in ``module_args``)."""
+    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="prorsa-logs-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    argv = [sys.executable, "-m", module, *module_args]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=loopback_env(env), start_new_session=True,
+        )
+    server = ServerProcess(name=name, argv=argv, port=port, proc=proc, log_path=log_path)
+    _LIVE[proc.pid] = server
+    return server
+
+
+def stop_all() -> None:
+    for server in list(_LIVE.values()):
+        server.stop(grace_s=3.0)
+
+
+atexit.register(stop_all)

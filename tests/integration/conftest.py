@@ -1,0 +1,67 @@
+"""Session-scoped real servers: started once, shared by every integration test, ended by PID at the end.
+
+Each SGLang server on this CPU costs ~2 GB of RAM and ~20–60 s to start, so tests share them. Servers are started in
+their own process groups; teardown (and an atexit hook, for interrupted runs) kills the groups.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from sglang_prorsa.testing import servers
+from sglang_prorsa.testing.tiny_model import ensure_default_model
+
+CHUNK = 64  # small chunked-prefill size so a test prompt can span several chunks
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    return ensure_default_model()
+
+
+@pytest.fixture(scope="session")
+def log_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="prorsa-test-logs-"))
+
+
+def _common(port: int) -> list[str]:
+    return ["--host", servers.LOOPBACK, "--port", str(port), "--chunked-prefill-size", str(CHUNK),
+            "--max-total-tokens", "65536", "--log-level", "warning"]
+
+
+def _start_all(specs: list[tuple[str, list[str], int]], log_dir: Path) -> list[servers.ServerProcess]:
+    started = [servers.start(args, name=name, port=port, log_dir=log_dir) for name, args, port in specs]
+    try:
+        for s in started:
+            s.wait_ready()
+    except BaseException:
+        for s in started:
+            s.stop()
+        raise
+    return started
+
+
+@pytest.fixture(scope="session")
+def single_server(tiny_model, log_dir):
+    port = servers.free_port()
+    (srv,) = _start_all([("single", _common(port), port)], log_dir)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def pd_pair(tiny_model, log_dir):
+    """A prefill and a decode server moving KV over Mooncake's TCP transport on loopback."""
+    pport, dport, bport = servers.free_port(), servers.free_port(), servers.free_port()
+    disagg = ["--disaggregation-transfer-backend", "mooncake"]
+    prefill, decode = _start_all([
+        ("prefill", _common(pport) + disagg + ["--disaggregation-mode", "prefill",
+                                               "--disaggregation-bootstrap-port", str(bport)], pport),
+        ("decode", _common(dport) + disagg + ["--disaggregation-mode", "decode"], dport),
+    ], log_dir)
+    yield prefill, decode, bport
+    decode.stop()
+    prefill.stop()

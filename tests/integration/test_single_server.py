@@ -1,0 +1,54 @@
+"""Our launcher serving the embedded default model: greedy ids must equal transformers' generate on the same weights."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+import torch
+from transformers import GenerationConfig
+
+from tests_support import PROMPTS, generate_ids
+
+pytestmark = pytest.mark.integration
+
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_model):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    # No EOS anywhere in generation: it runs its full length without masking EOS, like SGLang's ignore_eos.
+    model.generation_config.eos_token_id = None
+    return tok, model
+
+
+def test_greedy_ids_equal_transformers_generate(single_server, hf_model):
+    tok, model = hf_model
+    for prompt in PROMPTS:
+        ids = tok(prompt)["input_ids"]
+        config = GenerationConfig(max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None,
+                                  pad_token_id=tok.pad_token_id)
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), generation_config=config)
+        expected = out[0, len(ids):].tolist()
+        got = generate_ids(single_server.url, ids, MAX_NEW)
+        assert got == expected, f"prompt of {len(ids)} tokens diverged"
+
+
+def test_text_prompt_tokenised_like_transformers(single_server, hf_model):
+    tok, _ = hf_model
+    prompt = PROMPTS[0]
+    r = requests.post(single_server.url + "/generate", timeout=120, json={
+        "text": prompt, "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}})
+    assert r.status_code == 200, r.text
+    assert r.json()["meta_info"]["prompt_tokens"] == len(tok(prompt)["input_ids"])
+
+
+def test_server_reports_its_overrides(single_server):
+    info = requests.get(single_server.url + "/prorsa/info", timeout=10).json()
+    assert info["sglang"] == "0.5.23"
+    names = {o["name"]: o for o in info["overrides"]}
+    assert names["mooncake_sender_no_host_tensor_indices"]["applied"] is True

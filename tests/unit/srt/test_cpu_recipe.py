@@ -1,0 +1,40 @@
+"""The CPU recipe: which flags it adds, that explicit flags win, and that the libcuda stub loads."""
+
+from __future__ import annotations
+
+import ctypes
+
+from sglang_prorsa.srt import cpu_recipe
+
+
+def test_recipe_adds_every_flag_when_none_given():
+    out = cpu_recipe.apply_cpu_flags(["--port", "1"])
+    for flag, value in [("--device", "cpu"), ("--attention-backend", "torch_native"),
+                        ("--sampling-backend", "pytorch"), ("--grammar-backend", "none"),
+                        ("--cuda-graph-backend-decode", "disabled"), ("--max-total-tokens", "131072")]:
+        assert cpu_recipe.flag_value(out, flag) == value
+    assert "--sleep-on-idle" in out and "--disable-overlap-schedule" in out
+    assert "--disaggregation-decode-retraction-backup" not in out  # only for decode servers
+
+
+def test_explicit_flags_win():
+    argv = ["--attention-backend=triton", "--disable-cuda-graph", "--mem-fraction-static", "0.3"]
+    out = cpu_recipe.apply_cpu_flags(argv)
+    assert cpu_recipe.flag_value(out, "--attention-backend") == "triton"
+    assert out.count("--attention-backend=triton") == 1 and "--attention-backend" not in out
+    assert not cpu_recipe.given(out, "--cuda-graph-backend-decode")  # settled by --disable-cuda-graph
+    assert not cpu_recipe.given(out, "--max-total-tokens")  # settled by --mem-fraction-static
+
+
+def test_decode_servers_get_a_cpu_retraction_backup():
+    out = cpu_recipe.apply_cpu_flags(["--disaggregation-mode", "decode"])
+    assert cpu_recipe.flag_value(out, "--disaggregation-decode-retraction-backup") == "cpu_tensor"
+
+
+def test_libcuda_stub_builds_and_reports_no_device(tmp_path):
+    lib_dir = cpu_recipe.build_libcuda_stub(cache=tmp_path)
+    lib = ctypes.CDLL(str(lib_dir / "libcuda.so.1"))
+    assert lib.cuPointerGetAttribute() == 100  # CUDA_ERROR_NO_DEVICE
+    count = ctypes.c_int(7)
+    assert lib.cuDeviceGetCount(ctypes.byref(count)) == 100 and count.value == 0
+    assert cpu_recipe.build_libcuda_stub(cache=tmp_path) == lib_dir  # cached by source hash

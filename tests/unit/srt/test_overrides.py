@@ -1,0 +1,40 @@
+"""The override registry: pinned SGLang version, every target exists, a mismatch fails loudly."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_prorsa.srt import overrides
+
+
+def test_installed_sglang_is_the_pinned_version():
+    # If this fails, re-check every override against the new SGLang before moving the pin.
+    assert overrides.installed_sglang_version() == overrides.SGLANG_VERSION == "0.5.23"
+
+
+def test_version_mismatch_refuses_to_apply(monkeypatch):
+    monkeypatch.setattr(overrides, "installed_sglang_version", lambda: "0.5.99")
+    with pytest.raises(overrides.SGLangVersionMismatch, match="0.5.99"):
+        overrides.apply_overrides()
+
+
+def test_every_override_target_exists_and_has_a_reason():
+    overrides._register_builtin()
+    assert overrides.REGISTRY.overrides, "the registry is empty"
+    for o in overrides.REGISTRY.overrides.values():
+        owner, attr = overrides.resolve(o.target)
+        assert hasattr(owner, attr)
+        assert len(o.reason) > 40 and o.sglang_version == overrides.SGLANG_VERSION
+
+
+def test_missing_target_is_an_error():
+    with pytest.raises(AttributeError, match="does not exist"):
+        overrides.resolve("sglang.srt.server_args:ServerArgs.no_such_attribute_here")
+
+
+def test_registering_a_name_twice_is_refused():
+    reg = overrides.OverrideRegistry()
+    o = overrides.Override(name="x", target="m:a", reason="r", apply=lambda: True)
+    reg.register(o)
+    with pytest.raises(ValueError, match="twice"):
+        reg.register(o)
