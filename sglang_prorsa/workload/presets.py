@@ -100,13 +100,13 @@ class WorkloadSpec:
 
 CODING_AGENT = TaskProfile(
     name="coding_agent",
-    turns=LogNormal(18, 0.5, 3, 60),
+    turns=LogNormal(24, 0.5, 3, 80),
     first_prompt_tokens=LogNormal(6000, 0.3, 1500, 20000),
-    output_tokens=LogNormal(900, 0.6, 50, 8000),  # reasoning + tool call per turn
+    output_tokens=LogNormal(500, 0.6, 50, 8000),  # reasoning + tool call per turn
     tools=(
-        ToolSpec("bash", 0.55, LogNormal(2.5, 0.9, 0.1, 120), LogNormal(800, 1.0, 20, 16000)),
-        ToolSpec("edit", 0.30, LogNormal(0.8, 0.5, 0.05, 20), LogNormal(300, 0.6, 20, 4000)),
-        ToolSpec("run_tests", 0.15, LogNormal(12.0, 0.7, 1, 240), LogNormal(1500, 0.8, 50, 16000)),
+        ToolSpec("bash", 0.55, LogNormal(6.0, 0.8, 0.2, 180), LogNormal(800, 1.0, 20, 16000)),
+        ToolSpec("edit", 0.25, LogNormal(2.0, 0.5, 0.1, 30), LogNormal(300, 0.6, 20, 4000)),
+        ToolSpec("run_tests", 0.20, LogNormal(25.0, 0.6, 2, 300), LogNormal(1500, 0.8, 50, 16000)),
     ),
     agent_overhead_s=LogNormal(0.3, 0.5, 0.02, 5),
     uses_sandbox=True,
@@ -121,13 +121,13 @@ CODING_AGENT = TaskProfile(
 
 GENERAL_AGENT = TaskProfile(
     name="general_agent",
-    turns=LogNormal(6, 0.5, 1, 30),
+    turns=LogNormal(7, 0.5, 1, 30),
     first_prompt_tokens=LogNormal(3500, 0.4, 500, 16000),
-    output_tokens=LogNormal(700, 0.7, 30, 8000),
+    output_tokens=LogNormal(400, 0.7, 30, 8000),
     tools=(
-        ToolSpec("search", 0.5, LogNormal(3.0, 0.6, 0.2, 60), LogNormal(1500, 0.6, 50, 12000)),
-        ToolSpec("browse", 0.3, LogNormal(6.0, 0.7, 0.5, 90), LogNormal(2500, 0.7, 50, 16000)),
-        ToolSpec("api_call", 0.2, LogNormal(1.0, 0.6, 0.05, 30), LogNormal(400, 0.6, 20, 4000)),
+        ToolSpec("search", 0.5, LogNormal(8.0, 0.5, 0.5, 90), LogNormal(1500, 0.6, 50, 12000)),
+        ToolSpec("browse", 0.3, LogNormal(15.0, 0.6, 1, 180), LogNormal(2500, 0.7, 50, 16000)),
+        ToolSpec("api_call", 0.2, LogNormal(3.0, 0.6, 0.1, 60), LogNormal(400, 0.6, 20, 4000)),
     ),
     agent_overhead_s=LogNormal(0.2, 0.5, 0.02, 5),
     uses_sandbox=True,
