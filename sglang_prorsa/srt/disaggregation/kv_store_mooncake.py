@@ -6,10 +6,10 @@ are detected on read exactly as in the file store.
 What Mooncake itself provides, and what we add (observed with mooncake-transfer-engine-non-cuda 0.3.13.post1):
 
 * Capacity: the pool is the sum of the segments the clients mount (``global_segment_size`` each). The master evicts a
-  fraction (``--eviction_ratio``, 5 %) of objects once usage passes ``--eviction_high_watermark_ratio`` (90 %), but
-  only objects whose lease has run out; a put that finds no space fails at once (-200) rather than waiting for that
-  eviction. We add ``capacity_bytes``: an LRU bound over the entries this client knows (those it put or read), and on
-  a failed put for lack of space we evict from that LRU and retry once.
+  fraction (``--eviction_ratio``, 5 %) of objects once usage passes ``--eviction_high_watermark_ratio`` (90 %), in
+  the background and only among objects whose lease has run out; a put that finds no space fails at once (-200)
+  rather than waiting for that eviction. We add ``capacity_bytes``: an LRU bound over the entries this client knows
+  (those it put or read), and on a failed put for lack of space we evict from that LRU until the put fits.
 * Time-to-live: Mooncake has none for ordinary objects. Its *lease* (``--default_kv_lease_ttl``, 10 s) is the
   opposite: a minimum lifetime after each read during which the object can be neither evicted nor removed without
   ``force``. We add ``ttl_s`` from the creation time in our header (checked on every read, any client).
@@ -127,7 +127,7 @@ class MooncakeKVStore(IndexedKVStore):
         size = HEADER_SIZE + memoryview(payload).nbytes
         self._check_fits(key, size)
         rc = self._client.upsert_parts(key, header, payload)
-        if rc == ERR_NO_SPACE and self._evict_for_retry(size):
+        while rc == ERR_NO_SPACE and self._evict_for_retry(size):
             rc = self._client.upsert_parts(key, header, payload)
         if rc != 0:
             raise KVStoreError(f"Mooncake upsert of {key} ({size} bytes) failed with {rc}")
@@ -146,14 +146,18 @@ class MooncakeKVStore(IndexedKVStore):
             # The batch call takes whole values, so header and payload are joined here (one copy per value).
             values = [items[i][1] + bytes(items[i][2]) for i in chunk]
             rc = self._client.upsert_batch(keys, values)
-            if rc == ERR_NO_SPACE and self._evict_for_retry(sum(sizes[i] for i in chunk)):
+            while rc == ERR_NO_SPACE and self._evict_for_retry(sum(sizes[i] for i in chunk)):
                 rc = self._client.upsert_batch(keys, values)
             if rc != 0:
                 raise KVStoreError(f"Mooncake upsert_batch of {len(keys)} values failed with {rc}")
         self._largest = max([self._largest, *sizes])
 
     def _evict_for_retry(self, need: int) -> bool:
-        """The pool is full: drop our least recently used entries worth ``need`` bytes; False if we hold none."""
+        """The pool is full: drop our least recently used entries worth ``need`` bytes; False if we hold none.
+
+        Called in a loop until the write fits: our index can name entries the master has already evicted on its own
+        (its watermark eviction runs in the background), and removing those frees nothing.
+        """
         victims: list[str] = []
         freed = 0
         with self._lock:
