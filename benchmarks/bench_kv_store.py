@@ -1,16 +1,21 @@
 """KV store bandwidth (issue 6): put/get GB/s of the file and Mooncake backends, with and without checksums.
 
 For block sizes typical of one request's KV (64 KiB ... 8 MiB) it moves ``--mib`` MiB of random blocks through
-``put_many``/``get_many`` (the persist and resume paths use batches) and reports the best of ``--repeats`` runs,
-next to a plain in-memory copy of the same blocks (``bytes(bytearray)``: the ratio columns) and a copy into
-preallocated memory, both measured in the same run, and the raw checksum speeds. On this VM the ``bytes()`` copy pays a
-first-touch page fault per 4 KiB of fresh memory and runs well below memcpy; a store's ``get`` can beat it. The Mooncake backend runs against a ``mooncake_master`` this script starts on 127.0.0.1 and stops by
-PID: ``mooncake`` puts and gets through the client that owns the segment (Mooncake copies locally), ``mooncake-peer``
-gets through a second client, as the instance resuming a migrated request would (TCP transport on loopback; here in
-the same process, so the bytes still cross the loopback TCP stack but not a process boundary). The file backend writes to a temporary directory on the local disk (through the page cache: a reader on the same
-machine shortly after a write never waits for the disk).
+``put_many``/``get_many`` (the persist and resume paths use batches). Both checksum variants of a backend are run
+interleaved, round by round, and each reports its best of ``--repeats`` rounds after a warm-up round: the machine is
+shared, and other tenants only ever make a round slower.
 
-    PYTHONPATH=. python benchmarks/bench_kv_store.py [--quick] [--mib 48] [--repeats 3]
+Baselines measured in the same run: ``copy`` is ``bytes(bytearray)`` of every block, one copy into fresh memory (the
+ratio columns ``/copy``); ``memcpy`` is a copy into preallocated memory. On this VM the ``bytes()`` copy pays a
+first-touch page fault per 4 KiB and runs well below memcpy, so a store's ``get`` can beat it.
+
+Backends: ``file`` writes to a temporary directory on the local disk (through the page cache: a reader on the same
+machine shortly after a write does not wait for the disk). ``mooncake`` puts and gets through the client that owns the
+segment (Mooncake copies locally); ``mooncake-peer`` gets through a second client without a segment, as the instance
+resuming a migrated request would (through the TCP transport on loopback, judging by its speed; both clients live in
+this one process). The ``mooncake_master`` is started on 127.0.0.1 and stopped by PID.
+
+    PYTHONPATH=. python benchmarks/bench_kv_store.py [--quick] [--mib 32] [--repeats 5]
 
 Prints a table and writes benchmarks/results/kv_store_bandwidth.{png,json,txt}.
 """

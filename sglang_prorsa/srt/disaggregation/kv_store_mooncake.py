@@ -12,7 +12,8 @@ What Mooncake itself provides, and what we add (observed with mooncake-transfer-
   (those it put or read), and on a failed put for lack of space we evict from that LRU until the put fits.
 * Time-to-live: Mooncake has none for ordinary objects. Its *lease* (``--default_kv_lease_ttl``, 10 s) is the
   opposite: a minimum lifetime after each read during which the object can be neither evicted nor removed without
-  ``force``. We add ``ttl_s`` from the creation time in our header (checked on every read, any client).
+  ``force``. We add ``ttl_s`` from the creation time in our header (checked on every read, any client; ``contains``
+  can only check it for entries this client has put or read, since reading the header means reading the value).
 * Overwrites: ``put`` on an existing key keeps the old value and still returns 0, so we always ``upsert``.
 * Staging: each value, and the sum of the values in one batch call, must fit in the client's ``local_buffer_size``
   (otherwise -600 / empty results); batches are split by bytes and by ``max_batch_entries`` (the transfer engine
@@ -144,7 +145,7 @@ class MooncakeKVStore(IndexedKVStore):
                 continue
             keys = [items[i][0] for i in chunk]
             # The batch call takes whole values, so header and payload are joined here (one copy per value).
-            values = [items[i][1] + bytes(items[i][2]) for i in chunk]
+            values = [b"".join((items[i][1], items[i][2])) for i in chunk]
             rc = self._client.upsert_batch(keys, values)
             while rc == ERR_NO_SPACE and self._evict_for_retry(sum(sizes[i] for i in chunk)):
                 rc = self._client.upsert_batch(keys, values)
