@@ -1,0 +1,39 @@
+"""The simulator's time line: a heap of (time, sequence, action). Ties run in scheduling order, so runs are
+deterministic for a given seed."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+
+Action = Callable[[float], None]
+
+
+class EventQueue:
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Action]] = []
+        self._seq = itertools.count()
+        self.now = 0.0
+        self.processed = 0
+        self.stopped = False
+
+    def stop(self) -> None:
+        """End ``run`` after the current event."""
+        self.stopped = True
+
+    def at(self, t: float, action: Action) -> None:
+        """Run ``action(t)`` at ``t`` (never before the current time)."""
+        heapq.heappush(self._heap, (max(t, self.now), next(self._seq), action))
+
+    def run(self, until: float) -> None:
+        """Process events in time order until ``stop()`` is called, the queue empties or the time passes ``until``."""
+        heap = self._heap
+        while heap and not self.stopped:
+            t, _, action = heapq.heappop(heap)
+            if t > until:
+                self.now = until
+                return
+            self.now = t
+            action(t)
+            self.processed += 1

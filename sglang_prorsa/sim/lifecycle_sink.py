@@ -1,0 +1,49 @@
+"""Where the simulated engines and trainer report lifecycle events: nowhere (colocated, static PD) or the real
+control plane (adaptive.py). One small interface, so the cluster code is the same in every mode."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from sglang_prorsa.srt.lifecycle.events import LifecycleEvent
+
+
+class Lifecycle(Protocol):
+    def hint(self, event: LifecycleEvent) -> None:
+        """A trainer hint (sampled, sandbox, tool, reward, aborted)."""
+
+    def request_arrived(self, run, prompt_tokens: int, instance: str, t: float) -> None:
+        """A request joined the ready queue of ``instance`` (engine event)."""
+
+    def prefill_queued(self, instance: str, req, t: float) -> None:
+        """Prefill work entered ``instance`` (for θ^P's busy intervals; re-prefills included)."""
+
+    def prefill_cancelled(self, req) -> None:
+        """Queued or running prefill work left its instance without finishing."""
+
+    def prefill_finished(self, instance: str, req, t: float) -> None:
+        """Prefill completed (a decode admission when the request is tracked)."""
+
+    def decode_finished(self, run, t: float) -> None:
+        """The response is complete."""
+
+    def instance_interrupted(self, instance: str) -> None:
+        """``instance`` starts a role switch: its busy interval is void."""
+
+
+class NullLifecycle:
+    """Static modes have no control plane: events are dropped."""
+
+    def hint(self, event: LifecycleEvent) -> None: ...
+
+    def request_arrived(self, run, prompt_tokens: int, instance: str, t: float) -> None: ...
+
+    def prefill_queued(self, instance: str, req, t: float) -> None: ...
+
+    def prefill_cancelled(self, req) -> None: ...
+
+    def prefill_finished(self, instance: str, req, t: float) -> None: ...
+
+    def decode_finished(self, run, t: float) -> None: ...
+
+    def instance_interrupted(self, instance: str) -> None: ...

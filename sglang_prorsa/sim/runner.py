@@ -1,0 +1,96 @@
+"""One simulation run: wire trainer, cluster and (adaptive) control plane on one event queue, run, report.
+
+``simulate`` is deterministic: the same configs (seed included) give the same ``SimResult`` apart from ``wall_s``.
+``best_static`` sweeps every static PD ratio and keeps the fastest, the baseline of the paper's Figure 7.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+from sglang_prorsa.sim.adaptive import ControlPlaneDriver
+from sglang_prorsa.sim.cluster import Cluster
+from sglang_prorsa.sim.config import ClusterConfig, ModelConfig, RolloutConfig
+from sglang_prorsa.sim.events import EventQueue
+from sglang_prorsa.sim.lifecycle_sink import NullLifecycle
+from sglang_prorsa.sim.metrics import SimResult, TimelinePoint, completion_stats, idle_ratios, window_dicts
+from sglang_prorsa.sim.trainer import Trainer
+from sglang_prorsa.srt.role_switch.capacity import Role
+from sglang_prorsa.workload.presets import TASKS
+
+
+def simulate(model: ModelConfig, cluster_cfg: ClusterConfig, rollout: RolloutConfig,
+             on_step: Callable[[int], None] | None = None) -> SimResult:
+    started = time.perf_counter()
+    task = TASKS[rollout.preset]
+    events = EventQueue()
+    driver = ControlPlaneDriver(cluster_cfg, model, rollout, task) if cluster_cfg.mode == "adaptive" else None
+    lifecycle = driver or NullLifecycle()
+    trainer = Trainer(rollout, task, events, lifecycle.hint)
+    cluster = Cluster(cluster_cfg, model, rollout, events, trainer, lifecycle)
+    timeline: list[TimelinePoint] = []
+    steps_seen = [0]
+
+    def every_horizon(t: float) -> None:
+        if driver is not None:
+            driver.tick(t, cluster)
+        timeline.append(_snapshot(t, cluster, len(trainer.live)))
+        if on_step is not None and len(trainer.step_times) > steps_seen[0]:
+            on_step(len(trainer.step_times) - steps_seen[0])
+            steps_seen[0] = len(trainer.step_times)
+        if not trainer.finished:
+            events.at(t + cluster_cfg.horizon_s, every_horizon)
+
+    trainer.start(0.0)
+    events.at(0.0, every_horizon)
+    events.run(until=cluster_cfg.max_sim_s)
+    if on_step is not None and len(trainer.step_times) > steps_seen[0]:
+        on_step(len(trainer.step_times) - steps_seen[0])
+    makespan = trainer.step_times[-1][1] if trainer.finished else events.now
+    for inst in cluster.instances:
+        inst.advance(makespan)
+    sync_idle, gpu_idle = idle_ratios(cluster.instances, cluster_cfg.gpus, makespan)
+    durations = [r.finished_at - r.launched_at for r in trainer.runs if r.finished_at is not None]
+    mean, p50, p90 = completion_stats(durations)
+    wape = driver.cp.predictor.accuracy.summary() if driver else None
+    return SimResult(
+        model=model.name, preset=rollout.preset, staleness=rollout.staleness, mode=cluster_cfg.mode,
+        gpus=cluster_cfg.gpus, instances=len(cluster.instances),
+        prefill_instances=cluster_cfg.initial_prefill(model), seed=rollout.seed,
+        steps_done=len(trainer.step_times), step_times_s=[end - start for start, end in trainer.step_times],
+        makespan_s=makespan, trajectories_finished=len(durations), trajectories_dropped=trainer.dropped,
+        completion_mean_s=mean, completion_p50_s=p50, completion_p90_s=p90,
+        sync_idle_ratio=sync_idle, gpu_idle_ratio=gpu_idle, switches=len(cluster.switches),
+        wape_prefill=wape.prefill if wape else None, wape_decode=wape.decode if wape else None,
+        wall_s=time.perf_counter() - started, events=events.processed, timeline=timeline,
+        windows=window_dicts(driver.windows) if driver else [],
+    )
+
+
+def _snapshot(t: float, cluster: Cluster, live: int) -> TimelinePoint:
+    roles = [inst.role for inst in cluster.instances]
+    return TimelinePoint(
+        t=t, n_prefill=roles.count(Role.PREFILL), n_decode=roles.count(Role.DECODE),
+        prefill_backlog_tokens=sum(i.prefill_load() for i in cluster.instances),
+        decode_kv_tokens=sum(i.kv_used() for i in cluster.instances), live_trajectories=live)
+
+
+def static_ratios(model: ModelConfig, cluster_cfg: ClusterConfig) -> list[int]:
+    """Every prefill-instance count a static PD split can have (1 .. n-1)."""
+    n = cluster_cfg.gpus // model.gpus_per_instance
+    return list(range(1, n))
+
+
+def best_static(model: ModelConfig, cluster_cfg: ClusterConfig, rollout: RolloutConfig,
+                ratios: list[int] | None = None, on_run: Callable[[SimResult], None] | None = None
+                ) -> tuple[SimResult, list[SimResult]]:
+    """The static PD split with the shortest mean step time, and every split tried."""
+    runs = []
+    for p in ratios or static_ratios(model, cluster_cfg):
+        result = simulate(model, dataclasses.replace(cluster_cfg, mode="static", prefill_instances=p), rollout)
+        runs.append(result)
+        if on_run is not None:
+            on_run(result)
+    return min(runs, key=lambda r: (r.steps_done < rollout.steps, r.mean_step_s)), runs

@@ -1,0 +1,214 @@
+"""The RL trainer and the agent environment around the engines: what decides *when* requests arrive (§2, §5.1).
+
+Trajectories come from the synthetic generator (workload/generator.py): each plan fixes turns, output lengths, tools,
+sandbox start mode and durations, reward time and acceptance. This module plays them out on the simulated clock and
+reports the trainer's lifecycle hints (sampled, sandbox, tool, reward; §4.1.1) to a sink.
+
+Rollout settings (§2, §3.1):
+* synchronous (staleness 0): a step launches ``groups_per_step`` GRPO groups at once; the step's rollout time runs
+  until the last of them finishes reward. Training time is not part of the rollout time and is not simulated.
+* asynchronous with staleness k: groups are launched while the rollout is at most k versions ahead of training
+  (dispatched groups < (version + k + 1) * groups_per_step, the usual off-policy gate); every ``groups_per_step``
+  completed groups make one training step and bump the weight version. A trajectory dispatched at version v that is
+  still running at version v + k + 1 is dropped. At a version bump the engines re-prefill the carried-over
+  contexts with the new weights (§3.1, "trajectories carried over ... must re-prefill"): the cluster does that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from sglang_prorsa.sim.config import RolloutConfig
+from sglang_prorsa.sim.events import EventQueue
+from sglang_prorsa.srt.lifecycle.events import EventKind, LifecycleEvent
+from sglang_prorsa.workload.generator import TrajectoryPlan, WorkloadGenerator
+from sglang_prorsa.workload.presets import TaskProfile
+
+HINT_DELAY_S = 0.02  # decode end -> the trainer's tool_start / reward_start hint (as workload/simulator.py)
+Sink = Callable[[LifecycleEvent], None]
+
+
+class Engines(Protocol):
+    """What the trainer needs from the cluster."""
+
+    def submit(self, run: TrajectoryRun, t: float) -> None: ...  # the run's next request joins the engines
+
+    def weight_update(self, t: float) -> None: ...  # new version: carried-over contexts are re-prefilled
+
+    def abort(self, run: TrajectoryRun, t: float) -> None: ...  # a dropped run's request leaves the engines
+
+
+@dataclass(slots=True, eq=False)
+class TrajectoryRun:
+    plan: TrajectoryPlan
+    version: int  # weight version when dispatched
+    launched_at: float
+    turn: int = 0
+    finished_at: float | None = None
+    dropped: bool = False
+    request: object | None = None  # the engine request in flight, if any (cluster.py)
+    _prompts: tuple[int, ...] = ()
+    cache: tuple | None = None  # (instance, rank, epoch) holding this trajectory's last context as prefix cache
+
+    def prompt_tokens_at(self, turn: int) -> int:
+        """The plan's prompt length of request ``turn``, from prefix sums computed once (the plan's own method is
+        O(turns) per call)."""
+        if not self._prompts:
+            x, prompts = self.plan.first_prompt_tokens, []
+            for step in self.plan.turns:
+                prompts.append(x)
+                x += step.output_tokens + step.tool_result_tokens
+            self._prompts = tuple(prompts)
+        return self._prompts[turn]
+
+    @property
+    def live(self) -> bool:
+        return self.finished_at is None and not self.dropped
+
+    def event(self, kind: EventKind, t: float, **fields) -> LifecycleEvent:
+        p = self.plan
+        return LifecycleEvent(p.trajectory_id, kind, ts=t, group_id=p.group_id, task=p.task, **fields)
+
+
+class Trainer:
+    def __init__(self, rollout: RolloutConfig, task: TaskProfile, events: EventQueue, sink: Sink) -> None:
+        self.rollout, self.events, self.sink = rollout, events, sink
+        self.engines: Engines | None = None  # set by the cluster before start()
+        self.generator = WorkloadGenerator(task, rollout.seed)
+        self.version = 0
+        self.runs: list[TrajectoryRun] = []
+        self.live: dict[str, TrajectoryRun] = {}
+        self._group_left: dict[str, int] = {}
+        self._dispatched_groups = 0
+        self._completed_groups = 0
+        self._step_started = 0.0
+        self.step_times: list[tuple[float, float]] = []  # (start, end) of each training step's rollout
+        self.dropped = 0
+
+    @property
+    def finished(self) -> bool:
+        return len(self.step_times) >= self.rollout.steps
+
+    # ----- dispatch -----
+    def start(self, t: float) -> None:
+        self._step_started = t
+        self._dispatch(t)
+
+    def _dispatch(self, t: float) -> None:
+        r = self.rollout
+        if r.synchronous:
+            for _ in range(r.groups_per_step):
+                self._launch_group(t)
+            return
+        while self._dispatched_groups < (self.version + r.staleness + 1) * r.groups_per_step:
+            self._launch_group(t)
+
+    def _launch_group(self, t: float) -> None:
+        gid = f"g{self._dispatched_groups}"
+        self._dispatched_groups += 1
+        self._group_left[gid] = self.rollout.group_size
+        for _ in range(self.rollout.group_size):
+            run = TrajectoryRun(self.generator.plan(len(self.runs), gid), self.version, t)
+            self.runs.append(run)
+            self.live[run.plan.trajectory_id] = run
+            self._launch(run, t)
+
+    def _launch(self, run: TrajectoryRun, t: float) -> None:
+        plan = run.plan
+        self.sink(run.event(EventKind.SAMPLED, t, prompt_tokens=plan.first_prompt_tokens))
+        if plan.sandbox_mode is None:
+            self.events.at(t + plan.dispatch_s, lambda t1: self._arrive(run, t1))
+            return
+
+        def sandbox_start(t1: float) -> None:
+            if run.live:
+                self.sink(run.event(EventKind.SANDBOX_START, t1, mode=plan.sandbox_mode, prompt_tokens=plan.first_prompt_tokens))
+                self.events.at(t1 + plan.startup_s, sandbox_ready)
+
+        def sandbox_ready(t2: float) -> None:
+            if run.live:
+                self.sink(run.event(EventKind.SANDBOX_READY, t2))
+                self.events.at(t2 + plan.first_request_s, lambda t3: self._arrive(run, t3))
+
+        self.events.at(t + plan.dispatch_s, sandbox_start)
+
+    # ----- environment -----
+    def _arrive(self, run: TrajectoryRun, t: float) -> None:
+        if run.live:
+            self.engines.submit(run, t)
+
+    def on_decoded(self, run: TrajectoryRun, t: float) -> None:
+        """The engine finished turn ``run.turn``: a tool call follows, or the reward."""
+        if not run.live:
+            return
+        step = run.plan.turns[run.turn]
+        t_hint = t + HINT_DELAY_S
+        if step.tool is None:
+            self.events.at(t_hint, lambda t1: self._reward(run, t1))
+            return
+        turn = run.turn
+
+        def tool_start(t1: float) -> None:
+            if run.live:
+                self.sink(run.event(EventKind.TOOL_START, t1, tool=step.tool, turn=turn))
+                self.events.at(t1 + step.tool_s, tool_end)
+
+        def tool_end(t2: float) -> None:
+            if run.live:
+                self.sink(run.event(EventKind.TOOL_END, t2))
+                run.turn += 1
+                self.events.at(t2 + step.agent_overhead_s, lambda t3: self._arrive(run, t3))
+
+        self.events.at(t_hint, tool_start)
+
+    def _reward(self, run: TrajectoryRun, t: float) -> None:
+        if not run.live:
+            return
+        self.sink(run.event(EventKind.REWARD_START, t))
+
+        def reward_end(t1: float) -> None:
+            if run.live:
+                self.sink(run.event(EventKind.REWARD_END, t1, accepted=run.plan.accepted))
+                run.finished_at = t1
+                self._terminal(run, t1)
+
+        self.events.at(t + run.plan.reward_s, reward_end)
+
+    # ----- steps and versions -----
+    def _terminal(self, run: TrajectoryRun, t: float) -> None:
+        self.live.pop(run.plan.trajectory_id, None)
+        gid = run.plan.group_id
+        self._group_left[gid] -= 1
+        if self._group_left[gid] > 0:
+            return
+        del self._group_left[gid]
+        self._completed_groups += 1
+        r = self.rollout
+        # Scheduled, not called: a drop inside _end_step may complete a group, and steps must not nest.
+        if r.synchronous:
+            if not self._group_left:
+                self.events.at(t, self._end_step)
+        elif self._completed_groups % r.groups_per_step == 0:
+            self.events.at(t, self._end_step)
+
+    def _end_step(self, t: float) -> None:
+        self.step_times.append((self._step_started, t))
+        self._step_started = t
+        self.version += 1
+        if self.finished:
+            self.events.stop()
+            return
+        if not self.rollout.synchronous:
+            self._drop_stale(t)
+            self.engines.weight_update(t)  # carried-over contexts are re-prefilled with the new weights
+        self._dispatch(t)
+
+    def _drop_stale(self, t: float) -> None:
+        for run in [r for r in self.live.values() if r.version + self.rollout.staleness < self.version]:
+            run.dropped = True
+            self.dropped += 1
+            self.sink(run.event(EventKind.ABORTED, t))
+            self.engines.abort(run, t)
+            self._terminal(run, t)
