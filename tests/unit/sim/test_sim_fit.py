@@ -1,0 +1,46 @@
+"""fit.py recovers known parameters and refuses non-loopback servers."""
+
+import json
+
+import numpy as np
+import pytest
+
+from sglang_prorsa.sim.__main__ import main as cli
+from sglang_prorsa.sim.config import load_model
+from sglang_prorsa.sim.fit import fit_decode, fit_prefill, measure, nonnegative_lstsq
+from sglang_prorsa.sim.perf_model import PerfModel
+
+
+def test_fit_recovers_the_model_it_sampled():
+    perf = PerfModel(load_model("mimo_v25_pro"))
+    pre = [[n, c, perf.prefill_iteration_s(n, c)] for n in (256, 1024, 4096) for c in (0, 8192, 65536)]
+    dec = [[b, b * c, perf.decode_step_s(b, b * c)] for b in (1, 8, 32) for c in (1000, 30000)]
+    p, r2p = fit_prefill(pre)
+    d, r2d = fit_decode(dec)
+    truth = perf.model
+    assert p["per_token_s"] == pytest.approx(truth.prefill.per_token_s, rel=1e-6)
+    assert p["per_token_ctx_s"] == pytest.approx(truth.prefill.per_token_ctx_s, rel=1e-6)
+    assert d["per_seq_s"] == pytest.approx(truth.decode.per_seq_s, rel=1e-6)
+    assert r2p == pytest.approx(1.0) and r2d == pytest.approx(1.0)
+
+
+def test_nonnegative_lstsq_drops_negative_terms():
+    x = np.arange(1, 7, dtype=float)
+    design = np.column_stack([np.ones_like(x), x])
+    coef = nonnegative_lstsq(design, 10.0 - 0.5 * x)  # the unconstrained slope is negative
+    assert (coef >= 0).all() and coef[1] == 0.0
+
+
+def test_fit_command_writes_a_loadable_config(tmp_path):
+    samples = {"prefill": [[1000, 0, 0.05], [2000, 0, 0.09], [4000, 0, 0.17], [4000, 8000, 0.2]],
+               "decode": [[1, 1000, 0.021], [8, 8000, 0.028], [32, 32000, 0.05]]}
+    src, out = tmp_path / "s.json", tmp_path / "m.json"
+    src.write_text(json.dumps(samples))
+    assert cli(["fit", "--samples", str(src), "--out", str(out)]) == 0
+    cfg = load_model(str(out))
+    assert "fitted" in cfg.sources["prefill"] and cfg.decode.per_seq_s > 0
+
+
+def test_live_measurement_is_loopback_only():
+    with pytest.raises(ValueError, match="loopback"):
+        measure("http://10.0.0.1:30000", [128], [1])
