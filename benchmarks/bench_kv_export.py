@@ -181,13 +181,14 @@ def run_case(case: Case, device: torch.device, rounds: int = 5, backend: str | N
 
 
 def format_table(results: list[Result]) -> str:
-    """Markdown table: GB/s per method, then ratios."""
+    """Markdown table: GB/s per method, then the ratios that matter (vs copy, vs naive, checksum cost)."""
     methods = [m for m in METHODS if m in results[0].gbps]
-    ratios = list(results[0].ratio)
-    head = ["case", "MiB"] + [f"{m} GB/s" for m in methods] + ratios
+    ratios = [k for k in ("export / copy", "import / copy", "export / naive", "import / naive",
+                          "export ck cost", "import ck cost") if k in results[0].ratio]
+    head = ["case", "MiB", "backend"] + [f"{m} GB/s" for m in methods] + ratios
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
-        cells = [r.case.label(), f"{r.case.request_bytes / 2**20:.0f}"]
+        cells = [r.case.label(), f"{r.case.request_bytes / 2**20:.0f}", r.backend]
         cells += [f"{r.gbps[m]:.2f}" for m in methods]
         cells += [f"{100 * r.ratio[k]:+.0f}%" if k.endswith("ck cost") else f"{r.ratio[k]:.2f}" for k in ratios]
         lines.append("| " + " | ".join(cells) + " |")
@@ -277,9 +278,9 @@ def main(argv: list[str] | None = None) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
 
-    tag = f"{device.type}"
-    header = (f"# KV export/import on {tag} ({_device_name(device)}), backend {results['sweep'][0].backend if sweep else '?'}"
-              f", torch threads {torch.get_num_threads()}, {args.rounds} rounds\n")
+    tag = f"{device.type}_{results['sweep'][0].backend if sweep else 'none'}"
+    header = (f"# KV export/import on {device.type} ({_device_name(device)}), torch threads {torch.get_num_threads()}, "
+              f"{args.rounds} rounds, medians\n")
     text = header + "\n## Request sizes\n\n" + format_table(results["sweep"]) if sweep else header
     if variants:
         text += "\n\n## Page sizes, dtypes and layouts\n\n" + format_table(results["variants"])
@@ -291,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
          for k, v in results.items()}, indent=1))
     if sweep:
         plot(results["sweep"], args.out_dir / f"kv_export_{tag}.png",
-             f"KV export/import vs plain copy ({tag}, page size {args.page_size}, bf16)")
+             f"KV export/import vs plain copy ({tag}, page size {args.page_size}, {args.heads}x{args.head_dim} "
+             f"{args.dtype} rows)")
     return 0
 
 
