@@ -30,10 +30,10 @@ class EventQueue:
         """Process events in time order until ``stop()`` is called, the queue empties or the time passes ``until``."""
         heap = self._heap
         while heap and not self.stopped:
-            t, _, action = heapq.heappop(heap)
-            if t > until:
+            if heap[0][0] > until:  # leave it queued: a later run() continues from here
                 self.now = until
                 return
+            t, _, action = heapq.heappop(heap)
             self.now = t
             action(t)
             self.processed += 1
