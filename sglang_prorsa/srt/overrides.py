@@ -120,6 +120,56 @@ def _mooncake_host_tensor_indices() -> bool:
     )()
 
 
+def _add_scheduler_mixin() -> bool:
+    from sglang.srt.managers.scheduler import Scheduler
+
+    from sglang_prorsa.srt.role_switch.scheduler_mixin import ProrsaSchedulerMixin
+
+    for name, fn in vars(ProrsaSchedulerMixin).items():
+        if not name.startswith("prorsa") and not name.startswith("_prorsa"):
+            continue
+        if name in vars(Scheduler):
+            raise RuntimeError(f"Scheduler already has {name}: the Prorsa mixin would shadow SGLang")
+        setattr(Scheduler, name, fn)
+    return True
+
+
+def _wrap_process_input_requests() -> bool:
+    from sglang.srt.managers.scheduler import Scheduler
+
+    original = Scheduler.process_input_requests
+    if getattr(original, "_prorsa_wrapped", False):
+        return True
+
+    def process_input_requests(self, recv_reqs):
+        out = original(self, recv_reqs)
+        # Between two forward passes: the only point where a busy switch may touch batches, queues and the pool.
+        self.prorsa_poll()
+        self.prorsa_state().counters.observe_busy(not self.is_fully_idle())
+        return out
+
+    process_input_requests._prorsa_wrapped = True
+    Scheduler.process_input_requests = process_input_requests
+    return True
+
+
+def _wrap_run_batch() -> bool:
+    from sglang.srt.managers.scheduler import Scheduler
+
+    original = Scheduler.run_batch
+    if getattr(original, "_prorsa_wrapped", False):
+        return True
+
+    def run_batch(self, batch, *args, **kwargs):
+        if batch is not None and batch.forward_mode.is_extend() and batch.extend_num_tokens:
+            self.prorsa_state().counters.add("prompt_tokens_computed", int(batch.extend_num_tokens))
+        return original(self, batch, *args, **kwargs)
+
+    run_batch._prorsa_wrapped = True
+    Scheduler.run_batch = run_batch
+    return True
+
+
 _BUILTIN_DONE = False
 
 
@@ -136,4 +186,36 @@ def _register_builtin() -> None:
             "which crashes on a machine without CUDA; False keeps the plain path, and KV still moves over TCP."
         ),
         apply=_mooncake_host_tensor_indices,
+    ))
+    REGISTRY.register(Override(
+        name="scheduler_prorsa_mixin",
+        target="sglang.srt.managers.scheduler:Scheduler",
+        kind="mixin (added methods)",
+        reason=(
+            "Busy-instance switching needs code inside the scheduler process: cancel requests keeping their tokens, "
+            "export their KV to the store, load a persisted prefix into the radix cache, report counters. Only new "
+            "prorsa_* methods are added; none of SGLang's is replaced."
+        ),
+        apply=_add_scheduler_mixin,
+    ))
+    REGISTRY.register(Override(
+        name="scheduler_poll_prorsa_control",
+        target="sglang.srt.managers.scheduler:Scheduler.process_input_requests",
+        kind="wrapped method",
+        reason=(
+            "Our control messages must be answered from the scheduler's event loop between two forward passes, "
+            "where SGLang handles its own control requests; the wrapper runs SGLang's method unchanged, then polls "
+            "our channel and records busy/idle transitions for the busy-interval counters (θ^P)."
+        ),
+        apply=_wrap_process_input_requests,
+    ))
+    REGISTRY.register(Override(
+        name="scheduler_count_computed_prompt_tokens",
+        target="sglang.srt.managers.scheduler:Scheduler.run_batch",
+        kind="wrapped method",
+        reason=(
+            "Counts the prompt tokens each extend pass really computes (prefix-cache and store hits excluded), "
+            "which is how a resume shows it recomputed at most one page; SGLang's method runs unchanged."
+        ),
+        apply=_wrap_run_batch,
     ))

@@ -13,6 +13,7 @@ class ProrsaFlags:
     prorsa_initial_prefill: int = 1
     prorsa_horizon_s: float = 10.0
     prorsa_control_interval_s: float = 0.0  # 0: once per horizon, as the paper refreshes every S seconds
+    prorsa_manual_switch: bool = False
     prorsa_kv_store: str = "file"
     prorsa_kv_store_path: str = ""
     prorsa_log_dir: str = ""
@@ -25,6 +26,7 @@ _HELP = {
     "prorsa_initial_prefill": "How many of them start as prefill instances (default: 1).",
     "prorsa_horizon_s": "Forecast horizon S in seconds (paper Appendix B; default: 10).",
     "prorsa_control_interval_s": "Seconds between allocation decisions (default: the horizon).",
+    "prorsa_manual_switch": "Do not switch roles automatically; switches happen only through POST /prorsa/switch.",
     "prorsa_kv_store": "Where switched requests' KV pages persist: 'file' (one machine) or 'mooncake' (Mooncake Store).",
     "prorsa_kv_store_path": "Directory of the file KV store (default: a folder in the cache).",
     "prorsa_log_dir": "Where the adaptive front writes its instances' logs (default: a temporary folder).",
@@ -57,8 +59,9 @@ def split_prorsa_flags(argv: list[str]) -> tuple[ProrsaFlags, list[str]]:
     add_prorsa_flags(parser)
     ns, rest = parser.parse_known_args(argv)
     flags = ProrsaFlags(**{f.name: getattr(ns, f.name) for f in fields(ProrsaFlags)})
-    if flags.prorsa_instances < 2 and flags.pd_adaptive:
-        raise SystemExit("--prorsa-instances: the adaptive front needs at least 2 instances (one per role)")
-    if not 1 <= flags.prorsa_initial_prefill < flags.prorsa_instances:
-        raise SystemExit("--prorsa-initial-prefill must be between 1 and --prorsa-instances - 1")
+    if flags.pd_adaptive:
+        if flags.prorsa_instances < 2:
+            raise SystemExit("--prorsa-instances: the adaptive front needs at least 2 instances (one per role)")
+        if not 1 <= flags.prorsa_initial_prefill < flags.prorsa_instances:
+            raise SystemExit("--prorsa-initial-prefill must be between 1 and --prorsa-instances - 1")
     return flags, rest

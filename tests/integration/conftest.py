@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_prorsa.testing import servers
+from sglang_prorsa.srt.utils import processes as servers
 from sglang_prorsa.testing.tiny_model import ensure_default_model
 
 CHUNK = 64  # small chunked-prefill size so a test prompt can span several chunks
@@ -52,7 +52,7 @@ def single_server(tiny_model, log_dir):
     srv.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def pd_pair(tiny_model, log_dir):
     """A prefill and a decode server moving KV over Mooncake's TCP transport on loopback."""
     pport, dport, bport = servers.free_port(), servers.free_port(), servers.free_port()

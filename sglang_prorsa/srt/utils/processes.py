@@ -111,8 +111,13 @@ def start(
     env: dict[str, str] | None = None,
     log_dir: Path | None = None,
     module: str = "sglang_prorsa.launch_server",
+    die_with_parent: bool = False,
 ) -> ServerProcess:
-    """Start ``python -m module *module_args`` (the caller puts --host/--port in ``module_args``)."""
+    """Start ``python -m module *module_args`` (the caller puts --host/--port in ``module_args``).
+
+    ``die_with_parent``: the kernel sends the child SIGTERM when this process dies, even by SIGKILL (Linux
+    PR_SET_PDEATHSIG), so a front that is killed outright leaves no instance behind.
+    """
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="prorsa-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
@@ -121,10 +126,18 @@ def start(
         proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=loopback_env(env), start_new_session=True,
+            preexec_fn=_die_with_parent if die_with_parent else None,
         )
     server = ServerProcess(name=name, argv=argv, port=port, proc=proc, log_path=log_path)
     _LIVE[proc.pid] = server
     return server
+
+
+def _die_with_parent() -> None:
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def stop_all() -> None:

@@ -1,0 +1,118 @@
+"""Persist one request's KV to the KV store in blocks, and load a prefix of it back.
+
+A block holds ``block_tokens`` consecutive tokens (a whole number of pool pages) as the export kernel's page-first
+records; its key is the hash chain over the token prefix up to the block's end plus the model and KV-layout identity
+(``kv_store.block_keys``), so a resumed request finds its blocks by tokens alone and another model's blocks can never
+match. The last block may be partial.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from sglang_prorsa.srt.disaggregation.kv_store import KVStore, block_keys, layout_id, open_store
+
+ENV_STORE = "SGLANG_PRORSA_KV_STORE"  # file | mooncake
+ENV_STORE_PATH = "SGLANG_PRORSA_KV_STORE_PATH"
+ENV_MOONCAKE_MASTER = "SGLANG_PRORSA_MOONCAKE_MASTER"
+ENV_STORE_CAPACITY = "SGLANG_PRORSA_KV_STORE_CAPACITY_BYTES"
+ENV_BLOCK_TOKENS = "SGLANG_PRORSA_KV_BLOCK_TOKENS"
+DEFAULT_BLOCK_TOKENS = 64
+
+
+def store_from_env() -> KVStore:
+    kind = os.environ.get(ENV_STORE, "file")
+    capacity = int(os.environ.get(ENV_STORE_CAPACITY, str(8 << 30)))
+    if kind == "file":
+        root = os.environ.get(ENV_STORE_PATH) or os.path.join(os.path.expanduser("~/.cache/sglang-prorsa"), "kv-store")
+        return open_store("file", root=root, capacity_bytes=capacity)
+    if kind == "mooncake":
+        return open_store("mooncake", master_address=os.environ[ENV_MOONCAKE_MASTER])
+    raise ValueError(f"{ENV_STORE}={kind!r}: expected 'file' or 'mooncake'")
+
+
+def block_tokens_for(page_size: int) -> int:
+    want = int(os.environ.get(ENV_BLOCK_TOKENS, DEFAULT_BLOCK_TOKENS))
+    return max(page_size, (want // page_size) * page_size)
+
+
+def layout_of(scheduler: Any, codec: Any) -> str:
+    """Model + KV layout identity: blocks written by another model, dtype or head shape never match."""
+    lay = codec.layout
+    first = lay.buffers[0]
+    kind = str(getattr(lay.kind, "value", lay.kind))
+    per_layer = 2 if kind == "mha" else 1  # MHA: a K and a V buffer per layer; MLA: one latent buffer
+    model = str(getattr(scheduler.server_args, "model_path", ""))
+    return layout_id(model=model, dtype=str(first.dtype), layers=len(lay.buffers) // per_layer,
+                     kv_heads=int(first.shape[1]), head_dim=int(first.shape[-1]), kind=kind)
+
+
+def persist_request_kv(codec: Any, store: KVStore, tokens: Sequence[int], slots: torch.Tensor,
+                       layout: str) -> tuple[list[str], int, int]:
+    """Export the KV of ``tokens`` (held in pool ``slots``) and put it into ``store`` block by block.
+
+    One export-kernel launch for the whole request; blocks are then views into that buffer.
+    Returns (keys, block_tokens, bytes written).
+    """
+    page = codec.layout.page_size
+    bt = block_tokens_for(page)
+    n = len(tokens)
+    if n % page:
+        # Only whole pages can be exported; the partial tail page is recomputed on resume.
+        n -= n % page
+    pages = codec.pages_of_slots(slots[:n], page)
+    exported = codec.export_pages(pages)
+    records = exported.records().cpu()
+    keys = block_keys(list(tokens[:n]), bt, layout)
+    per_block = bt // page
+    items = []
+    for i, key in enumerate(keys):
+        blob = records[i * per_block:(i + 1) * per_block].contiguous()
+        items.append((key, blob.numpy().tobytes()))
+    store.put_many(items)
+    return keys, bt, sum(len(b) for _, b in items)
+
+
+@dataclass
+class LoadedBlocks:
+    """Blocks covering ``[start, end)``; ``tokens`` counts the leading tokens from ``start`` that are usable."""
+
+    start: int
+    block_tokens: int
+    first_block: int
+    blobs: list[bytes] = field(default_factory=list)
+    tokens: int = 0
+    missing_blocks: int = 0
+    checksum_failures: int = 0
+
+    def records_for(self, codec: Any, tokens: int, page: int) -> torch.Tensor:
+        """The page records of tokens ``[start, start + tokens)`` as one uint8 tensor on the pool's device."""
+        flat = torch.frombuffer(bytearray(b"".join(self.blobs)), dtype=torch.uint8)
+        skip = (self.start - self.first_block * self.block_tokens) // page
+        pb = codec.page_bytes
+        out = flat[skip * pb:(skip + tokens // page) * pb]
+        return out.to(codec.layout.buffers[0].device)
+
+
+def load_blocks(store: KVStore, keys: Sequence[str], block_tokens: int, start: int, end: int) -> LoadedBlocks:
+    """Fetch the blocks covering tokens ``[start, end)``; stop at the first missing or corrupted block (a prefix
+    cache can only use a contiguous prefix)."""
+    first = start // block_tokens
+    last = min(len(keys), -(-end // block_tokens))
+    before = store.stats().get("checksum_failures", 0)
+    got = store.get_many(list(keys[first:last]))
+    failures = store.stats().get("checksum_failures", 0) - before
+    out = LoadedBlocks(start=start, block_tokens=block_tokens, first_block=first, checksum_failures=failures)
+    out.missing_blocks = max(0, sum(b is None for b in got) - failures)
+    covered = first * block_tokens
+    for blob in got:
+        if blob is None:
+            break
+        out.blobs.append(blob)
+        covered = min(end, covered + block_tokens)
+    out.tokens = max(0, covered - start)
+    return out

@@ -1,0 +1,241 @@
+"""Switching busy instances (issue 6) through the adaptive front, on real SGLang servers over Mooncake TCP.
+
+One front with three instances serves every test here; each test first arranges the roles it needs (idle switches).
+References are the same requests through the same front without a switch (greedy, fp32 tiny model).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from sglang_prorsa.srt.utils import processes
+from sglang_prorsa.testing.pd import pd_generate
+from tests_support import sampling
+
+pytestmark = pytest.mark.integration
+
+PAGE = 1  # the CPU recipe's page size
+
+
+@pytest.fixture(scope="module")
+def front(tiny_model, log_dir, tmp_path_factory):
+    port = processes.free_port()
+    store = tmp_path_factory.mktemp("kv-store")
+    srv = processes.start(
+        ["--pd-adaptive", "--prorsa-instances", "3", "--prorsa-initial-prefill", "1", "--prorsa-manual-switch",
+         "--prorsa-kv-store", "file", "--prorsa-kv-store-path", str(store), "--prorsa-log-dir", str(log_dir),
+         "--host", processes.LOOPBACK, "--port", str(port), "--chunked-prefill-size", "64",
+         "--max-total-tokens", "65536", "--log-level", "warning"],
+        name="adaptive-front", port=port, log_dir=log_dir)
+    try:
+        srv.wait_ready(timeout=600)
+        srv.store = store
+        yield srv
+    finally:
+        srv.stop(grace_s=20)
+
+
+def instances(front) -> list[dict]:
+    return requests.get(front.url + "/prorsa/instances", timeout=10).json()["instances"]
+
+
+def status(url: str) -> dict:
+    return requests.get(url + "/prorsa/status", timeout=10).json()
+
+
+def arrange(front, prefill: int, decode: int) -> None:
+    """Switch idle instances until the roles are ``prefill`` : ``decode``."""
+    for _ in range(3):
+        insts = instances(front)
+        n_p = sum(i["role"] == "prefill" for i in insts)
+        if n_p == prefill:
+            assert len(insts) - n_p == decode
+            return
+        src, dst = ("prefill", "decode") if n_p > prefill else ("decode", "prefill")
+        victim = next(i for i in insts if i["role"] == src)
+        r = requests.post(front.url + "/prorsa/switch", json={"instance": victim["instance"], "new_role": dst},
+                          timeout=120)
+        assert r.status_code == 200, r.text
+    raise AssertionError("could not arrange roles")
+
+
+def generate(front, ids: list[int], max_new: int) -> tuple[int, dict]:
+    r = requests.post(front.url + "/generate", json={"input_ids": ids, "sampling_params": sampling(max_new)},
+                      timeout=600)
+    return r.status_code, r.json()
+
+
+def run_all(front, prompts, max_new) -> list[tuple[int, dict]]:
+    with ThreadPoolExecutor(len(prompts)) as ex:
+        return list(ex.map(lambda p: generate(front, p, max_new), prompts))
+
+
+def flush_prefix_caches(front) -> None:
+    for inst in instances(front):
+        if inst["role"] == "prefill":
+            assert requests.post(inst["url"] + "/flush_cache", timeout=30).status_code == 200
+
+
+def computed_tokens(front) -> int:
+    return sum(int(status(i["url"])["counters"].get("prompt_tokens_computed", 0)) for i in instances(front))
+
+
+def distinct_prompts(n: int, length, seed: int) -> list[list[int]]:
+    # Distinct first tokens: no two prompts share a cached prefix, so computed-token counts are exact.
+    return [[10 + i] + [(seed * 131 + i * 37 + j * 11) % 900 + 20 for j in range(length(i) - 1)] for i in range(n)]
+
+
+def test_decode_instance_switched_mid_generation(front):
+    arrange(front, prefill=1, decode=2)
+    prompts = distinct_prompts(32, lambda i: 24 + 3 * i, seed=1)
+    max_new = 96
+    reference = run_all(front, prompts, max_new)
+    assert all(s == 200 for s, _ in reference)
+    target = next(i for i in instances(front) if i["role"] == "decode")
+
+    with ThreadPoolExecutor(len(prompts)) as ex:
+        futures = [ex.submit(generate, front, p, max_new) for p in prompts]
+        deadline = time.monotonic() + 300
+        while status(target["url"])["running"] < 16:
+            assert time.monotonic() < deadline, "the decode instance never had 16 running requests"
+            time.sleep(0.1)
+        time.sleep(1.0)  # let them generate a few tokens first
+        running_before = status(target["url"])["running"]
+        sw = requests.post(front.url + "/prorsa/switch", json={"instance": target["instance"], "new_role": "prefill"},
+                           timeout=300)
+        results = [f.result() for f in futures]
+
+    assert sw.status_code == 200, sw.text
+    report = sw.json()
+    assert report["old_role"] == "decode" and report["new_role"] == "prefill"
+    assert running_before >= 16 and report["migrated"] >= 16
+    assert report["persisted_bytes"] > 0
+    for k in ("quiesce_s", "persist_s", "rebuild_s"):
+        assert report["timings"][k] >= 0
+    migrated = 0
+    for (s_ref, ref), (s, out), prompt in zip(reference, results, prompts):
+        assert s == 200, out
+        assert out["output_ids"] == ref["output_ids"]
+        moves = out["meta_info"].get("prorsa", {}).get("migrations")
+        if not moves:
+            continue
+        migrated += 1
+        left, landed = moves
+        assert left["from_instance"] == target["instance"] and left["kv_tokens"] > 0
+        assert landed["loaded_tokens"] + landed["already_cached_tokens"] == left["kv_tokens"]
+        resumed_prompt = len(prompt) + left["tokens_kept"]
+        # Everything but the newest token came from the store or the prefix cache: at most one page computed.
+        assert resumed_prompt - landed["cached_tokens"] <= PAGE
+    assert migrated == report["migrated"]
+    roles = {i["instance"]: i["role"] for i in instances(front)}
+    assert roles[target["instance"]] == "prefill"
+
+
+def test_prefill_instance_switched_with_queued_requests(front):
+    arrange(front, prefill=2, decode=1)
+    prompts = distinct_prompts(12, lambda i: 120 + i, seed=2)
+    max_new = 8
+    reference = run_all(front, prompts, max_new)
+    assert all(s == 200 for s, _ in reference)
+    flush_prefix_caches(front)
+    before = computed_tokens(front)
+    target = next(i for i in instances(front) if i["role"] == "prefill")
+
+    with ThreadPoolExecutor(len(prompts)) as ex:
+        futures = [ex.submit(generate, front, p, max_new) for p in prompts]
+        deadline = time.monotonic() + 120
+        while status(target["url"])["queued"] < 3:
+            assert time.monotonic() < deadline, "no requests queued on the prefill instance"
+            time.sleep(0.02)
+        sw = requests.post(front.url + "/prorsa/switch", json={"instance": target["instance"], "new_role": "decode"},
+                           timeout=300)
+        results = [f.result() for f in futures]
+
+    assert sw.status_code == 200, sw.text
+    assert sw.json()["restarted"] >= 1  # queued requests were handed back and re-sent elsewhere
+    # None lost: every request answered, with exactly the reference tokens.
+    for (_, ref), (s, out) in zip(reference, results):
+        assert s == 200, out
+        assert out["output_ids"] == ref["output_ids"]
+    # None duplicated: across all instances each prompt was computed exactly once.
+    assert computed_tokens(front) - before == sum(len(p) for p in prompts)
+
+
+def test_corrupted_store_entry_is_detected_and_recomputed(front):
+    arrange(front, prefill=1, decode=2)
+    insts = instances(front)
+    prefill = next(i for i in insts if i["role"] == "prefill")
+    dec_a, dec_b = [i for i in insts if i["role"] == "decode"]
+    prompt = distinct_prompts(1, lambda i: 60, seed=3)[0]
+    max_new = 64
+    s, reference = generate(front, prompt, max_new)
+    assert s == 200
+
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.setdefault("r", pd_generate(
+        prefill["url"], dec_a["url"], prefill["bootstrap_port"],
+        {"input_ids": prompt, "sampling_params": sampling(max_new), "rid": "corruption-test"})))
+    t.start()
+    deadline = time.monotonic() + 120
+    while status(dec_a["url"])["running"] < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(1.0)
+    moved = requests.post(dec_a["url"] + "/prorsa/migrate_out", timeout=60).json()["requests"]
+    t.join(timeout=120)
+    (rec,) = [r for r in moved if r["rid"] == "corruption-test"]
+    assert rec["kv_tokens"] == len(prompt) + len(rec["output_ids"]) - 1 and rec["output_ids"]
+    assert rec["sampling_params"]["max_new_tokens"] == max_new - len(rec["output_ids"])
+
+    # Flip one byte in the first block on disk.
+    (block,) = list(front.store.glob(rec["keys"][0] + "*"))
+    raw = bytearray(block.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    block.write_bytes(bytes(raw))
+
+    assert requests.post(prefill["url"] + "/flush_cache", timeout=30).status_code == 200
+    c0 = status(prefill["url"])["counters"]
+    tokens = rec["input_ids"] + rec["output_ids"]
+    load = requests.post(prefill["url"] + "/prorsa/kv/load", timeout=60, json={
+        "token_ids": tokens[: rec["kv_tokens"]], "keys": rec["keys"], "block_tokens": rec["block_tokens"]}).json()
+    assert load["checksum_failures"] == 1 and load["loaded_tokens"] == 0, load
+
+    rest = pd_generate(prefill["url"], dec_b["url"], prefill["bootstrap_port"],
+                       {"input_ids": tokens, "sampling_params": sampling(max_new - len(rec["output_ids"]))})
+    assert rec["output_ids"] + rest["output_ids"] == reference["output_ids"]
+    c1 = status(prefill["url"])["counters"]
+    assert c1.get("kv_checksum_failures", 0) - c0.get("kv_checksum_failures", 0) == 1
+    assert c1["prompt_tokens_computed"] - c0["prompt_tokens_computed"] == len(tokens)  # recomputed, still exact
+
+
+def test_switch_requests_are_validated(front):
+    insts = instances(front)
+    r = requests.post(front.url + "/prorsa/switch", json={"instance": "99", "new_role": "decode"}, timeout=10)
+    assert r.status_code == 422 and "instance" in r.json()["error"]
+    r = requests.post(front.url + "/prorsa/switch", json={"instance": insts[0]["instance"], "new_role": "x"},
+                      timeout=10)
+    assert r.status_code == 422 and "new_role" in r.json()["error"]
+    same = insts[0]
+    r = requests.post(front.url + "/prorsa/switch", json={"instance": same["instance"], "new_role": same["role"]},
+                      timeout=10)
+    assert r.status_code == 409
+    r = requests.post(insts[0]["url"] + "/prorsa/kv/load", json={"token_ids": [1, -2], "keys": [],
+                                                                 "block_tokens": 64}, timeout=10)
+    assert r.status_code == 422 and "token_ids" in r.json()["error"]
+    r = requests.post(front.url + "/generate", data=b"{not json", timeout=10)
+    assert r.status_code == 400 and "body" in r.json()["error"]
+    r = requests.post(front.url + "/generate", json={"text": "x", "input_ids": [1]}, timeout=10)
+    assert r.status_code == 422
+
+
+def test_last_instance_of_a_role_is_never_switched(front):
+    arrange(front, prefill=1, decode=2)
+    only_prefill = next(i for i in instances(front) if i["role"] == "prefill")
+    r = requests.post(front.url + "/prorsa/switch", json={"instance": only_prefill["instance"],
+                                                          "new_role": "decode"}, timeout=30)
+    assert r.status_code == 409 and "last routable prefill" in r.json()["error"]
