@@ -25,6 +25,7 @@ import importlib
 import importlib.util
 import json
 import logging
+import os
 import statistics
 import sys
 import time
@@ -279,8 +280,9 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.empty_cache()
 
     tag = f"{device.type}_{results['sweep'][0].backend if sweep else 'none'}"
+    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     header = (f"# KV export/import on {device.type} ({_device_name(device)}), torch threads {torch.get_num_threads()}, "
-              f"{args.rounds} rounds, medians\n")
+              f"{args.rounds} rounds, medians; load average at the end {load}\n")
     text = header + "\n## Request sizes\n\n" + format_table(results["sweep"]) if sweep else header
     if variants:
         text += "\n\n## Page sizes, dtypes and layouts\n\n" + format_table(results["variants"])

@@ -160,13 +160,15 @@ ChunkCopy pick_chunk_copy() {
 #endif
 }
 
-// Hints the first (up to 8) cache lines of `n` bytes at `p` into cache.
-inline void prefetch_head(const uint8_t* p, int64_t n) {
+// Hints the first (up to 8) cache lines of a chunk into cache.
+inline void prefetch_chunk(const uint8_t* p, int64_t n) {
   const int64_t span = std::min<int64_t>(n, 512);
   for (int64_t i = 0; i < span; i += 64) {
-    __builtin_prefetch(p + i, 0, 0);
+    __builtin_prefetch(p + i, 0, 3);
   }
 }
+
+constexpr int64_t kPrefetchChunks = 8;
 
 // Transfers at least this large use streaming stores (see copy_chunk_sse2); smaller ones may be read from cache.
 constexpr int64_t kStreamBytes = int64_t{8} << 20;
@@ -218,16 +220,27 @@ void move_records(const Geometry& g, const int64_t* pages, int64_t n, uint8_t* r
   const ChunkCopy copy = pick_chunk_copy<kChecksum, kStream>();
   // A task should move a few hundred KiB so that small requests do not pay for waking every thread.
   const int64_t grain = std::max<int64_t>(1, (int64_t{256} << 10) / g.page_bytes);
+  // Chunks this small are latency-bound gathers (see prefetch_chunk); larger ones stream by themselves.
+  const bool small_chunks = *std::max_element(g.chunk.begin(), g.chunk.end()) <= 4096;
   at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+    // Position (record, buffer) of the chunk being prefetched, kPrefetchChunks ahead of the one being copied.
+    int64_t ahead_j = begin + kPrefetchChunks / nb;
+    int64_t ahead_b = kPrefetchChunks % nb - 1;
     for (int64_t j = begin; j < end; ++j) {
       uint8_t* record = records + j * g.page_bytes;
       u64 sum = 0;
-      const int64_t next_page = j + 1 < end ? pages[j + 1] : -1;
       for (int64_t b = 0; b < nb; ++b) {
-        if (kDir == Direction::kExport && next_page >= 0) {
-          // Pool pages are scattered, so no hardware prefetcher guesses the next one; ask for the head of the next
-          // record's chunk now (the rest of a long chunk is sequential and the hardware streams it).
-          prefetch_head(g.base[b] + next_page * g.chunk[b], g.chunk[b]);
+        if (kDir == Direction::kExport && small_chunks) {
+          // Small chunks from scattered pages defeat the hardware prefetcher; ask for the chunk kPrefetchChunks
+          // ahead (in this task's order) now. Prefetching a whole record ahead measured slower than none at all:
+          // the requests pile up in the core's miss buffers and delay the loads that are due.
+          if (++ahead_b == nb) {
+            ahead_b = 0;
+            ++ahead_j;
+          }
+          if (ahead_j < end) {
+            prefetch_chunk(g.base[ahead_b] + pages[ahead_j] * g.chunk[ahead_b], g.chunk[ahead_b]);
+          }
         }
         uint8_t* pool = g.base[b] + pages[j] * g.chunk[b];
         uint8_t* dst = kDir == Direction::kExport ? record + g.offset[b] : pool;
