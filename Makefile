@@ -10,6 +10,9 @@ HOST ?= 127.0.0.1
 PORT ?= 30000
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
+# `python -m` would put the checkout first on sys.path, where ./kernels shadows PyPI's `kernels` (a dependency of
+# sglang and transformers); the package is installed (editable), so the checkout itself need not be on the path.
+export PYTHONSAFEPATH := 1
 
 .PHONY: env serve serve-single test test-unit test-integration which-python bench
 

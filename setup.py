@@ -4,7 +4,15 @@ The folder ``kernels/`` is installed as ``sglang_prorsa.kernels``: PyPI has a pa
 of sglang) and a top-level package of that name would shadow it.
 """
 
-from setuptools import find_packages, setup
+import os
+import sys
+
+# The build runs with this folder on sys.path, where ./kernels would shadow PyPI's `kernels`, whose setuptools
+# plugin (kernels.lockfile) the build loads. Nothing here imports from the checkout, so drop the folder.
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
+
+from setuptools import find_packages, setup  # noqa: E402
 
 SGLANG_VERSION = "0.5.23"
 

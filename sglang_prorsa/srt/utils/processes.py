@@ -35,6 +35,7 @@ def loopback_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update({"SGLANG_HOST_IP": LOOPBACK, "MC_TCP_BIND_ADDRESS": LOOPBACK, "MOONCAKE_PROTOCOL": "tcp"})
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("PYTHONSAFEPATH", "1")  # never let a ./kernels in the working directory shadow PyPI's `kernels`
     env.update(extra or {})
     return env
 

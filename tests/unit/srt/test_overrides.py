@@ -38,3 +38,17 @@ def test_registering_a_name_twice_is_refused():
     reg.register(o)
     with pytest.raises(ValueError, match="twice"):
         reg.register(o)
+
+
+def test_pypi_kernels_is_not_shadowed_by_our_kernels_folder():
+    # Our kernels/ folder is installed as sglang_prorsa.kernels; the top-level name belongs to PyPI's `kernels`
+    # (used by sglang and transformers). `make test` runs with PYTHONSAFEPATH=1 so the checkout is not on sys.path.
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("kernels")
+    repo = Path(__file__).resolve().parents[3]
+    assert spec is not None and spec.origin is not None
+    assert not Path(spec.origin).is_relative_to(repo), spec.origin
+    ours = importlib.util.find_spec("sglang_prorsa.kernels")
+    assert Path(ours.origin).parent == repo / "kernels"
