@@ -16,7 +16,6 @@ import logging
 import os
 import re
 import sys
-from pathlib import Path
 
 from sglang_prorsa.srt import cpu_recipe
 from sglang_prorsa.srt.server_flags import add_prorsa_flags, split_prorsa_flags

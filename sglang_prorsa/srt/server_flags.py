@@ -14,6 +14,8 @@ class ProrsaFlags:
     prorsa_horizon_s: float = 10.0
     prorsa_control_interval_s: float = 0.0  # 0: once per horizon, as the paper refreshes every S seconds
     prorsa_manual_switch: bool = False
+    prorsa_min_dwell_s: float = 30.0
+    prorsa_hysteresis: float = 0.1
     prorsa_kv_store: str = "file"
     prorsa_kv_store_path: str = ""
     prorsa_log_dir: str = ""
@@ -27,6 +29,8 @@ _HELP = {
     "prorsa_horizon_s": "Forecast horizon S in seconds (paper Appendix B; default: 10).",
     "prorsa_control_interval_s": "Seconds between allocation decisions (default: the horizon).",
     "prorsa_manual_switch": "Do not switch roles automatically; switches happen only through POST /prorsa/switch.",
+    "prorsa_min_dwell_s": "Anti-flapping: seconds an instance keeps a new role before it may switch again (default: 30).",
+    "prorsa_hysteresis": "Anti-flapping: relative coverage gain a new ratio must bring before switching (default: 0.1).",
     "prorsa_kv_store": "Where switched requests' KV pages persist: 'file' (one machine) or 'mooncake' (Mooncake Store).",
     "prorsa_kv_store_path": "Directory of the file KV store (default: a folder in the cache).",
     "prorsa_log_dir": "Where the adaptive front writes its instances' logs (default: a temporary folder).",

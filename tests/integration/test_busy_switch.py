@@ -28,6 +28,7 @@ def front(tiny_model, log_dir, tmp_path_factory):
     store = tmp_path_factory.mktemp("kv-store")
     srv = processes.start(
         ["--pd-adaptive", "--prorsa-instances", "3", "--prorsa-initial-prefill", "1", "--prorsa-manual-switch",
+         "--prorsa-min-dwell", "0",
          "--prorsa-kv-store", "file", "--prorsa-kv-store-path", str(store), "--prorsa-log-dir", str(log_dir),
          "--host", processes.LOOPBACK, "--port", str(port), "--chunked-prefill-size", "64",
          "--max-total-tokens", "65536", "--log-level", "warning"],
@@ -239,3 +240,21 @@ def test_last_instance_of_a_role_is_never_switched(front):
     r = requests.post(front.url + "/prorsa/switch", json={"instance": only_prefill["instance"],
                                                           "new_role": "decode"}, timeout=30)
     assert r.status_code == 409 and "last routable prefill" in r.json()["error"]
+
+
+def test_control_tick_turns_the_forecast_into_a_switch(front):
+    """Forecast -> Eq. 1 -> planned switch -> executed, on the real instances (the automatic loop runs this tick)."""
+    arrange(front, prefill=1, decode=2)
+    # A ready backlog far beyond one prefill instance's speed: the prefill side needs every instance it can get.
+    events = [{"trajectory_id": f"tick-{i}", "event": "request_arrived", "prompt_tokens": 100_000} for i in range(20)]
+    assert requests.post(front.url + "/lifecycle", json={"events": events}, timeout=30).status_code == 200
+    tick = requests.post(front.url + "/prorsa/control_tick", timeout=300).json()
+    assert tick["forecast"]["sources"]["ready"] == 2_000_000
+    decision = tick["decision"]
+    assert decision["inputs"]["W_P"] >= 2_000_000 and decision["inputs"]["G"] == 3
+    assert decision["target"] == {"prefill": 2, "decode": 1}
+    assert [(s["from"], s["to"]) for s in decision["plan"]["switches"]] == [("decode", "prefill")]
+    assert len(tick["executed"]) == 1
+    assert sum(i["role"] == "prefill" for i in instances(front)) == 2
+    exposed = requests.get(front.url + "/prorsa/decision", timeout=10).json()["decision"]
+    assert exposed["target"] == {"prefill": 2, "decode": 1}

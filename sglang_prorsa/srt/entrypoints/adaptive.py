@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sglang_prorsa import __version__
 from sglang_prorsa.srt import cpu_recipe
+from sglang_prorsa.srt.entrypoints.http_utils import error, field_error, json_object
 from sglang_prorsa.srt.entrypoints.instances import EngineInstance, InstancePool
 from sglang_prorsa.srt.entrypoints.lifecycle_api import make_router
 from sglang_prorsa.srt.entrypoints.pd_router import PDRouter, RouteError
@@ -29,6 +30,7 @@ from sglang_prorsa.srt.lifecycle.engine_api import trajectory_id_of
 from sglang_prorsa.srt.role_switch.capacity import Role
 from sglang_prorsa.srt.role_switch.controller import ControllerConfig, RoleSwitchController
 from sglang_prorsa.srt.role_switch.executor import SwitchExecutor, SwitchRefused
+from sglang_prorsa.srt.role_switch.planner import PlannerConfig
 from sglang_prorsa.srt.role_switch.throughput import ThroughputConfig, ThroughputEstimator
 from sglang_prorsa.srt.server_flags import ProrsaFlags
 from sglang_prorsa.srt.utils.clock import WallClock
@@ -72,8 +74,9 @@ class AdaptiveFront:
         self.throughput = ThroughputEstimator(ThroughputConfig(profiled_theta=PROFILED_THETA_P), clock)
         self.router = PDRouter(pool, tokenizer, RouterHooks(self.control_plane, self.throughput))
         self.executor = SwitchExecutor(pool, self.router)
-        self.controller = RoleSwitchController(ControllerConfig(horizon_s=flags.prorsa_horizon_s), self.throughput,
-                                               clock)
+        planner = PlannerConfig(min_dwell_s=flags.prorsa_min_dwell_s, hysteresis=flags.prorsa_hysteresis)
+        self.controller = RoleSwitchController(ControllerConfig(horizon_s=flags.prorsa_horizon_s, planner=planner),
+                                               self.throughput, clock)
         self.interval_s = flags.prorsa_control_interval_s or flags.prorsa_horizon_s
         self.auto = not flags.prorsa_manual_switch
         self.decisions = 0
@@ -98,12 +101,13 @@ class AdaptiveFront:
         profile = self.throughput.profile_of(1024)
         decision = self.controller.step(fc.prefill_tokens, fc.decode_kv_tokens, self.pool.reports(), profile)
         self.decisions += 1
+        done = []
         for sw in decision.plan.switches:
             try:
-                await self.executor.switch(sw.instance_id, sw.dst)
+                done.append(await self.executor.switch(sw.instance_id, sw.dst))
             except SwitchRefused as e:
                 logger.info("planned switch of %s skipped: %s", sw.instance_id, e)
-        return decision.to_dict()
+        return {"decision": decision.to_dict(), "forecast": fc.to_dict(), "executed": done}
 
     async def control_loop(self) -> None:
         while True:
@@ -121,10 +125,6 @@ class AdaptiveFront:
                       f"prorsa_instance_inflight_requests{{{lab}}} {inst.inflight_requests}",
                       f"prorsa_instance_kv_footprint_tokens{{{lab}}} {inst.kv_footprint_tokens}"]
         return "\n".join(lines) + "\n"
-
-
-def _error(status: int, message: str, detail: Any = None) -> JSONResponse:
-    return JSONResponse({"error": message, "detail": detail}, status_code=status)
 
 
 def build_app(front: AdaptiveFront) -> FastAPI:
@@ -168,27 +168,27 @@ def build_app(front: AdaptiveFront) -> FastAPI:
 
     @app.post("/prorsa/switch")
     async def switch(request: Request):
-        body = await _body(request)
+        body = await json_object(request)
         if isinstance(body, JSONResponse):
             return body
         inst, role = body.get("instance"), body.get("new_role")
         if not isinstance(inst, str) or inst not in front.pool.instances:
-            return _error(422, f"field 'instance': must be one of {sorted(front.pool.instances)}, got {inst!r}")
+            return field_error("instance", f"must be one of {sorted(front.pool.instances)}, got {inst!r}")
         if role not in ("prefill", "decode"):
-            return _error(422, f"field 'new_role': must be 'prefill' or 'decode', got {role!r}")
+            return field_error("new_role", f"must be 'prefill' or 'decode', got {role!r}")
         try:
             return await front.executor.switch(inst, Role(role))
         except SwitchRefused as e:
-            return _error(e.status, str(e))
+            return error(e.status, str(e))
 
     @app.post("/generate")
     async def generate(request: Request):
-        body = await _body(request)
+        body = await json_object(request)
         if isinstance(body, JSONResponse):
             return body
         problem = _check_generate(body)
         if problem:
-            return _error(422, problem)
+            return error(422, problem)
         tid = trajectory_id_of(body, request.headers)
         try:
             if _is_batch(body):
@@ -196,7 +196,7 @@ def build_app(front: AdaptiveFront) -> FastAPI:
                 return await asyncio.gather(*(front.router.generate(b, tid) for b in items))
             return await front.router.generate(body, tid)
         except RouteError as e:
-            return _error(e.status, e.message, e.detail)
+            return error(e.status, e.message, e.detail)
 
     for path in ("/v1/completions", "/v1/chat/completions"):
         app.add_api_route(path, _openai_handler(front, path), methods=["POST"])
@@ -205,29 +205,19 @@ def build_app(front: AdaptiveFront) -> FastAPI:
 
 def _openai_handler(front: AdaptiveFront, path: str):
     async def handler(request: Request):
-        body = await _body(request)
+        body = await json_object(request)
         if isinstance(body, JSONResponse):
             return body
         if body.get("stream"):
-            return _error(400, "field 'stream': streaming is not supported by the adaptive front; send stream=false")
+            return field_error("stream", "streaming is not supported by the adaptive front; send stream=false", 400)
         tid = trajectory_id_of(body, request.headers)
         body.pop("trajectory_id", None)
         try:
             return await front.router.passthrough(path, body, tid)
         except RouteError as e:
-            return _error(e.status, e.message, e.detail)
+            return error(e.status, e.message, e.detail)
 
     return handler
-
-
-async def _body(request: Request) -> dict | JSONResponse:
-    try:
-        body = await request.json()
-    except Exception as e:
-        return _error(400, f"field 'body': malformed JSON ({e})")
-    if not isinstance(body, dict):
-        return _error(400, "field 'body': must be a JSON object")
-    return body
 
 
 def _is_batch(body: dict) -> bool:

@@ -23,6 +23,7 @@ import aiohttp
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from sglang_prorsa.srt.entrypoints.http_utils import field_error, json_object
 from sglang_prorsa.srt.role_switch.control_channel import ControlClient, ControlError
 from sglang_prorsa.srt.role_switch.counters import prometheus_text
 from sglang_prorsa.srt.role_switch.messages import LoadPrefix, MigrateOut, Status
@@ -41,20 +42,6 @@ class EngineSwitchState:
         self.switching = False
         self.switches = 0
         self.last_switch: dict[str, Any] | None = None
-
-
-def _bad(field: str, message: str, status: int = 422) -> JSONResponse:
-    return JSONResponse({"error": f"field '{field}': {message}", "field": field}, status_code=status)
-
-
-async def _json(request: Request) -> dict[str, Any] | JSONResponse:
-    try:
-        body = await request.json()
-    except Exception as e:
-        return _bad("body", f"malformed JSON ({e})", 400)
-    if not isinstance(body, dict):
-        return _bad("body", "must be a JSON object", 400)
-    return body
 
 
 async def wait_idle(state: EngineSwitchState, timeout_s: float) -> float:
@@ -78,15 +65,15 @@ def make_engine_router(state: EngineSwitchState) -> APIRouter:
 
     @router.post("/prorsa/switch_role")
     async def switch_role(request: Request):
-        body = await _json(request)
+        body = await json_object(request)
         if isinstance(body, JSONResponse):
             return body
         new_role = body.get("new_role")
         if new_role not in ROLES:
-            return _bad("new_role", f"must be one of {list(ROLES)}, got {new_role!r}")
+            return field_error("new_role", f"must be one of {list(ROLES)}, got {new_role!r}")
         timeout_s = body.get("timeout_s", 120)
         if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool) or not 0 < timeout_s <= 3600:
-            return _bad("timeout_s", "must be a number of seconds in (0, 3600]")
+            return field_error("timeout_s", "must be a number of seconds in (0, 3600]")
         if state.switching:
             return JSONResponse({"error": "a switch is already running on this instance"}, status_code=409)
         state.switching = True
@@ -94,7 +81,7 @@ def make_engine_router(state: EngineSwitchState) -> APIRouter:
         try:
             status = await state.control.call(Status())
             if status.role == new_role:
-                return _bad("new_role", f"instance is already {new_role}", 409)
+                return field_error("new_role", f"instance is already {new_role}", 409)
             records, persist_s, nbytes = [], 0.0, 0
             # Requests already on their way into the scheduler may land after the first sweep: sweep until quiet.
             for _ in range(20):
@@ -137,18 +124,18 @@ def make_engine_router(state: EngineSwitchState) -> APIRouter:
 
     @router.post("/prorsa/kv/load")
     async def kv_load(request: Request):
-        body = await _json(request)
+        body = await json_object(request)
         if isinstance(body, JSONResponse):
             return body
         ids, keys, bt = body.get("token_ids"), body.get("keys"), body.get("block_tokens")
         if not isinstance(ids, list) or not all(isinstance(t, int) and t >= 0 for t in ids):
-            return _bad("token_ids", "must be a list of non-negative integers")
+            return field_error("token_ids", "must be a list of non-negative integers")
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-            return _bad("keys", "must be a list of strings")
+            return field_error("keys", "must be a list of strings")
         if not isinstance(bt, int) or isinstance(bt, bool) or bt <= 0:
-            return _bad("block_tokens", "must be a positive integer")
+            return field_error("block_tokens", "must be a positive integer")
         if len(keys) < -(-len(ids) // bt):
-            return _bad("keys", f"{len(keys)} keys cannot cover {len(ids)} tokens in blocks of {bt}")
+            return field_error("keys", f"{len(keys)} keys cannot cover {len(ids)} tokens in blocks of {bt}")
         r = await state.control.call(LoadPrefix(token_ids=ids, keys=keys, block_tokens=bt))
         return JSONResponse(vars(r))
 

@@ -63,6 +63,7 @@ class PDRouter:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self.migrations: dict[str, asyncio.Future] = {}
+        self.attempts: dict[str, tuple[EngineInstance, EngineInstance]] = {}  # rid -> (prefill, decode) in flight
         self.stats = {"requests": 0, "attempts": 0, "resumed": 0, "restarted": 0, "failed": 0}
 
     async def session(self) -> aiohttp.ClientSession:
@@ -98,6 +99,21 @@ class PDRouter:
             fut = self.migrations.setdefault(rec.rid, loop.create_future())
             if not fut.done():
                 fut.set_result(rec)
+
+    async def release_partners(self, records: list[MigratedRequest], switched: EngineInstance) -> None:
+        """A request cancelled before its KV was complete is still expected by the other half of its pair (a decode
+        instance waiting for KV that will never come, or a prefill instance about to send it); cancel it there too,
+        so the attempt ends now instead of at that instance's transfer timeout."""
+        calls = []
+        for rec in records:
+            pair = self.attempts.get(rec.rid)
+            if rec.kv_tokens > 0 or pair is None:
+                continue
+            partner = pair[1] if pair[0] is switched else pair[0]
+            calls.append(self.post(partner.url + "/abort_request", {"rid": rec.rid}, timeout_s=30))
+        for result in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(result, BaseException):
+                logger.warning("abort on the partner instance failed: %s", result)
 
     def settle(self, instance: EngineInstance) -> None:
         """After a switch: attempts there that were not migrated finished (or failed) on their own."""
@@ -198,6 +214,7 @@ class PDRouter:
         for inst in (prefill, decode):
             inst.rids.add(rid)
             inst.inflight_requests += 1
+        self.attempts[rid] = (prefill, decode)
         prefill.inflight_prompt_tokens += prompt
         self.stats["attempts"] += 1
         if self.hooks:
@@ -222,6 +239,7 @@ class PDRouter:
         finally:
             decode.inflight_requests -= 1
             decode.rids.discard(rid)
+            self.attempts.pop(rid, None)
         if self.hooks:
             self.hooks.decoded(trajectory_id, rid, d_status == 200 and not _is_abort(d_answer))
         # The decode instance's answer is the request's answer; a prefill failure shows up there as a failed transfer.

@@ -62,6 +62,7 @@ class SwitchExecutor:
                     raise SwitchRefused(502, f"migrate_out on {instance_id} failed: {res}")
                 first = [MigratedRequest(**r) for r in res["requests"]]
                 self.router.deliver(first)
+                await self.router.release_partners(first, inst)
                 migrated += first
                 persist_s, persisted = res["persist_s"], res["persisted_bytes"]
                 t_handed = time.perf_counter()
@@ -70,6 +71,7 @@ class SwitchExecutor:
                                                      timeout_s=300)
                 late = [MigratedRequest(**r) for r in (res.get("requests") or [])]
                 self.router.deliver(late)
+                await self.router.release_partners(late, inst)
                 migrated += late
                 if status != 200:
                     raise SwitchRefused(502, f"switch_role on {instance_id} failed: {res}")

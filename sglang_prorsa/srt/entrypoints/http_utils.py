@@ -1,0 +1,30 @@
+"""JSON request/response helpers shared by our HTTP routes: every client error names the field it is about."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+
+def field_error(field: str, message: str, status: int = 422, detail: Any = None) -> JSONResponse:
+    body: dict[str, Any] = {"error": f"field '{field}': {message}", "field": field}
+    if detail is not None:
+        body["detail"] = detail
+    return JSONResponse(body, status_code=status)
+
+
+def error(status: int, message: str, detail: Any = None) -> JSONResponse:
+    return JSONResponse({"error": message, "detail": detail}, status_code=status)
+
+
+async def json_object(request: Request) -> dict[str, Any] | JSONResponse:
+    """The body as a JSON object, or the 400 response to send instead."""
+    try:
+        body = await request.json()
+    except Exception as e:
+        return field_error("body", f"malformed JSON ({e})", 400)
+    if not isinstance(body, dict):
+        return field_error("body", "must be a JSON object", 400)
+    return body
