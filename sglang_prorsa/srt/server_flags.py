@@ -18,6 +18,7 @@ class ProrsaFlags:
     prorsa_hysteresis: float = 0.1
     prorsa_kv_store: str = "file"
     prorsa_kv_store_path: str = ""
+    prorsa_mooncake_master: str = ""
     prorsa_log_dir: str = ""
 
 
@@ -32,6 +33,8 @@ _HELP = {
     "prorsa_min_dwell_s": "Anti-flapping: seconds an instance keeps a new role before it may switch again (default: 30).",
     "prorsa_hysteresis": "Anti-flapping: relative coverage gain a new ratio must bring before switching (default: 0.1).",
     "prorsa_kv_store": "Where switched requests' KV pages persist: 'file' (one machine) or 'mooncake' (Mooncake Store).",
+    "prorsa_mooncake_master": "HOST:PORT of a mooncake_master for --prorsa-kv-store mooncake (the adaptive front "
+    "starts one on 127.0.0.1 when this is empty).",
     "prorsa_kv_store_path": "Directory of the file KV store (default: a folder in the cache).",
     "prorsa_log_dir": "Where the adaptive front writes its instances' logs (default: a temporary folder).",
 }

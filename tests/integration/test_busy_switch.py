@@ -13,9 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from sglang_prorsa.srt.utils import processes
 from sglang_prorsa.testing.pd import pd_generate
-from tests_support import sampling
+from tests_support import (arrange, computed_tokens, distinct_prompts, flush_prefix_caches, generate, instances,
+                           run_all, sampling, start_front, status)
 
 pytestmark = pytest.mark.integration
 
@@ -24,71 +24,13 @@ PAGE = 1  # the CPU recipe's page size
 
 @pytest.fixture(scope="module")
 def front(tiny_model, log_dir, tmp_path_factory):
-    port = processes.free_port()
     store = tmp_path_factory.mktemp("kv-store")
-    srv = processes.start(
-        ["--pd-adaptive", "--prorsa-instances", "3", "--prorsa-initial-prefill", "1", "--prorsa-manual-switch",
-         "--prorsa-min-dwell", "0",
-         "--prorsa-kv-store", "file", "--prorsa-kv-store-path", str(store), "--prorsa-log-dir", str(log_dir),
-         "--host", processes.LOOPBACK, "--port", str(port), "--chunked-prefill-size", "64",
-         "--max-total-tokens", "65536", "--log-level", "warning"],
-        name="adaptive-front", port=port, log_dir=log_dir)
+    srv = start_front(log_dir, ["--prorsa-kv-store", "file", "--prorsa-kv-store-path", str(store)])
     try:
-        srv.wait_ready(timeout=600)
         srv.store = store
         yield srv
     finally:
         srv.stop(grace_s=20)
-
-
-def instances(front) -> list[dict]:
-    return requests.get(front.url + "/prorsa/instances", timeout=10).json()["instances"]
-
-
-def status(url: str) -> dict:
-    return requests.get(url + "/prorsa/status", timeout=10).json()
-
-
-def arrange(front, prefill: int, decode: int) -> None:
-    """Switch idle instances until the roles are ``prefill`` : ``decode``."""
-    for _ in range(3):
-        insts = instances(front)
-        n_p = sum(i["role"] == "prefill" for i in insts)
-        if n_p == prefill:
-            assert len(insts) - n_p == decode
-            return
-        src, dst = ("prefill", "decode") if n_p > prefill else ("decode", "prefill")
-        victim = next(i for i in insts if i["role"] == src)
-        r = requests.post(front.url + "/prorsa/switch", json={"instance": victim["instance"], "new_role": dst},
-                          timeout=120)
-        assert r.status_code == 200, r.text
-    raise AssertionError("could not arrange roles")
-
-
-def generate(front, ids: list[int], max_new: int) -> tuple[int, dict]:
-    r = requests.post(front.url + "/generate", json={"input_ids": ids, "sampling_params": sampling(max_new)},
-                      timeout=600)
-    return r.status_code, r.json()
-
-
-def run_all(front, prompts, max_new) -> list[tuple[int, dict]]:
-    with ThreadPoolExecutor(len(prompts)) as ex:
-        return list(ex.map(lambda p: generate(front, p, max_new), prompts))
-
-
-def flush_prefix_caches(front) -> None:
-    for inst in instances(front):
-        if inst["role"] == "prefill":
-            assert requests.post(inst["url"] + "/flush_cache", timeout=30).status_code == 200
-
-
-def computed_tokens(front) -> int:
-    return sum(int(status(i["url"])["counters"].get("prompt_tokens_computed", 0)) for i in instances(front))
-
-
-def distinct_prompts(n: int, length, seed: int) -> list[list[int]]:
-    # Distinct first tokens: no two prompts share a cached prefix, so computed-token counts are exact.
-    return [[10 + i] + [(seed * 131 + i * 37 + j * 11) % 900 + 20 for j in range(length(i) - 1)] for i in range(n)]
 
 
 def test_decode_instance_switched_mid_generation(front):
@@ -211,6 +153,8 @@ def test_corrupted_store_entry_is_detected_and_recomputed(front):
     assert rec["output_ids"] + rest["output_ids"] == reference["output_ids"]
     c1 = status(prefill["url"])["counters"]
     assert c1.get("kv_checksum_failures", 0) - c0.get("kv_checksum_failures", 0) == 1
+    metrics = requests.get(prefill["url"] + "/prorsa/metrics", timeout=10).text
+    assert f'prorsa_kv_checksum_failures_total{{instance="{prefill["instance"]}",role="prefill"}}' in metrics
     assert c1["prompt_tokens_computed"] - c0["prompt_tokens_computed"] == len(tokens)  # recomputed, still exact
 
 

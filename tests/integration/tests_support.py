@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
 import requests
+
+from sglang_prorsa.srt.utils import processes
 
 PROMPTS = [
     "the agent calls a tool and reads the result",
@@ -22,3 +27,68 @@ def generate_ids(url: str, input_ids: list[int], max_new: int) -> list[int]:
                       timeout=300)
     assert r.status_code == 200, r.text
     return r.json()["output_ids"]
+
+
+def start_front(log_dir: Path, store_flags: list[str], n_instances: int = 3) -> processes.ServerProcess:
+    """An adaptive front over ``n_instances`` engine instances (1 prefill first), switching only on request."""
+    port = processes.free_port()
+    srv = processes.start(
+        ["--pd-adaptive", "--prorsa-instances", str(n_instances), "--prorsa-initial-prefill", "1",
+         "--prorsa-manual-switch", "--prorsa-min-dwell", "0", *store_flags, "--prorsa-log-dir", str(log_dir),
+         "--host", processes.LOOPBACK, "--port", str(port), "--chunked-prefill-size", "64",
+         "--max-total-tokens", "65536", "--log-level", "warning"],
+        name=f"adaptive-front-{port}", port=port, log_dir=log_dir)
+    srv.wait_ready(timeout=600)
+    return srv
+
+
+def instances(front) -> list[dict]:
+    return requests.get(front.url + "/prorsa/instances", timeout=10).json()["instances"]
+
+
+def status(url: str) -> dict:
+    return requests.get(url + "/prorsa/status", timeout=10).json()
+
+
+def arrange(front, prefill: int, decode: int) -> None:
+    """Switch idle instances until the roles are ``prefill`` : ``decode``."""
+    for _ in range(3):
+        insts = instances(front)
+        n_p = sum(i["role"] == "prefill" for i in insts)
+        if n_p == prefill:
+            assert len(insts) - n_p == decode
+            return
+        src, dst = ("prefill", "decode") if n_p > prefill else ("decode", "prefill")
+        victim = next(i for i in insts if i["role"] == src)
+        r = requests.post(front.url + "/prorsa/switch", json={"instance": victim["instance"], "new_role": dst},
+                          timeout=120)
+        assert r.status_code == 200, r.text
+    raise AssertionError("could not arrange roles")
+
+
+def generate(front, ids: list[int], max_new: int) -> tuple[int, dict]:
+    r = requests.post(front.url + "/generate", json={"input_ids": ids, "sampling_params": sampling(max_new)},
+                      timeout=600)
+    return r.status_code, r.json()
+
+
+def run_all(front, prompts, max_new) -> list[tuple[int, dict]]:
+    with ThreadPoolExecutor(len(prompts)) as ex:
+        return list(ex.map(lambda p: generate(front, p, max_new), prompts))
+
+
+def flush_prefix_caches(front) -> None:
+    for inst in instances(front):
+        if inst["role"] == "prefill":
+            assert requests.post(inst["url"] + "/flush_cache", timeout=30).status_code == 200
+
+
+def computed_tokens(front) -> int:
+    return sum(int(status(i["url"])["counters"].get("prompt_tokens_computed", 0)) for i in instances(front))
+
+
+def distinct_prompts(n: int, length, seed: int) -> list[list[int]]:
+    # Distinct first tokens: no two prompts share a cached prefix, so computed-token counts are exact.
+    return [[10 + i] + [(seed * 131 + i * 37 + j * 11) % 900 + 20 for j in range(length(i) - 1)] for i in range(n)]
+
+

@@ -315,14 +315,24 @@ def run_adaptive(flags: ProrsaFlags, sglang_argv: list[str]) -> None:
     log_dir = Path(flags.prorsa_log_dir or tempfile.mkdtemp(prefix="prorsa-instances-"))
     started: list[processes.ServerProcess] = []
     instances: list[EngineInstance] = []
+    master = None
     try:
+        store_flags = ["--prorsa-kv-store", flags.prorsa_kv_store]
+        if flags.prorsa_kv_store_path:
+            store_flags += ["--prorsa-kv-store-path", flags.prorsa_kv_store_path]
+        if flags.prorsa_kv_store == "mooncake":
+            address = flags.prorsa_mooncake_master
+            if not address:
+                from sglang_prorsa.srt.disaggregation.mooncake_master import start_mooncake_master
+
+                master = start_mooncake_master(log_dir=log_dir)
+                address = master.address
+                logger.info("Mooncake Store master on %s", address)
+            store_flags += ["--prorsa-mooncake-master", address]
         for k in range(flags.prorsa_instances):
             role = Role.PREFILL if k < flags.prorsa_initial_prefill else Role.DECODE
             iport, bport = processes.free_port(), processes.free_port()
-            extra = ["--prorsa-kv-store", flags.prorsa_kv_store]
-            if flags.prorsa_kv_store_path:
-                extra += ["--prorsa-kv-store-path", flags.prorsa_kv_store_path]
-            srv = processes.start(instance_argv(sglang_argv, iport, bport, role) + extra, name=f"instance-{k}",
+            srv = processes.start(instance_argv(sglang_argv, iport, bport, role) + store_flags, name=f"instance-{k}",
                                   port=iport, log_dir=log_dir, env={"SGLANG_PRORSA_INSTANCE": str(k)},
                                   die_with_parent=True)
             started.append(srv)
@@ -343,4 +353,6 @@ def run_adaptive(flags: ProrsaFlags, sglang_argv: list[str]) -> None:
     finally:
         for srv in started:
             srv.stop(grace_s=5.0)
+        if master is not None:
+            master.stop()
         logger.info("instances stopped at %s", time.strftime("%H:%M:%S"))

@@ -63,6 +63,11 @@ def run_engine_server(flags: ProrsaFlags, sglang_argv: list[str]) -> None:
     os.environ.setdefault(kv_persist.ENV_STORE, flags.prorsa_kv_store)
     if flags.prorsa_kv_store_path:
         os.environ.setdefault(kv_persist.ENV_STORE_PATH, flags.prorsa_kv_store_path)
+    if flags.prorsa_mooncake_master:
+        os.environ.setdefault(kv_persist.ENV_MOONCAKE_MASTER, flags.prorsa_mooncake_master)
+    if os.environ[kv_persist.ENV_STORE] == "mooncake" and not os.environ.get(kv_persist.ENV_MOONCAKE_MASTER):
+        raise SystemExit("--prorsa-kv-store mooncake needs --prorsa-mooncake-master HOST:PORT "
+                         "(the adaptive front starts a master itself)")
     state = EngineSwitchState(ControlClient(address), f"http://{server_args.host}:{server_args.port}",
                               cpu=os.environ.get("SGLANG_PRORSA_NO_CUDA") == "1")
     control_plane = LifecycleControlPlane()

@@ -85,6 +85,7 @@ class SwitchExecutor:
             inst.status = InstanceStatus.ACTIVE
             timings = dict(res.get("timings") or {})
             timings["persist_s"] = timings.get("persist_s", 0.0) + persist_s
+            timings["total_s"] = timings.get("total_s", 0.0) + persist_s  # the instance's own time, both calls
             timings["front_total_s"] = time.perf_counter() - t0
             timings["handoff_s"] = t_handed - t0  # until the cancelled requests were handed to the router
             out = {

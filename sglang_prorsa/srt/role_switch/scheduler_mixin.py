@@ -183,6 +183,10 @@ class _ProrsaState:
                 sleeper.poller.register(self.server.socket, zmq.POLLIN)  # wake an idle scheduler for our messages
         self._store = None
         self._codec = None
+        try:
+            self.codec()  # load (or build once) the export/import kernels now, not during the first switch
+        except Exception:  # a pool layout the kernels do not support: switches will fail loudly, serving goes on
+            logger.exception("prorsa: KV export kernels unavailable for this pool")
 
     def poll(self) -> None:
         if self.server is not None:
