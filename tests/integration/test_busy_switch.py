@@ -36,7 +36,7 @@ def front(tiny_model, log_dir, tmp_path_factory):
 def test_decode_instance_switched_mid_generation(front):
     arrange(front, prefill=1, decode=2)
     prompts = distinct_prompts(32, lambda i: 24 + 3 * i, seed=1)
-    max_new = 96
+    max_new = 128
     reference = run_all(front, prompts, max_new)
     assert all(s == 200 for s, _ in reference)
     target = next(i for i in instances(front) if i["role"] == "decode")
@@ -47,7 +47,7 @@ def test_decode_instance_switched_mid_generation(front):
         while status(target["url"])["running"] < 16:
             assert time.monotonic() < deadline, "the decode instance never had 16 running requests"
             time.sleep(0.1)
-        time.sleep(1.0)  # let them generate a few tokens first
+        time.sleep(0.3)  # let them generate a few tokens first
         running_before = status(target["url"])["running"]
         sw = requests.post(front.url + "/prorsa/switch", json={"instance": target["instance"], "new_role": "prefill"},
                            timeout=300)
@@ -115,7 +115,7 @@ def test_corrupted_store_entry_is_detected_and_recomputed(front):
     prefill = next(i for i in insts if i["role"] == "prefill")
     dec_a, dec_b = [i for i in insts if i["role"] == "decode"]
     prompt = distinct_prompts(1, lambda i: 60, seed=3)[0]
-    max_new = 64
+    max_new = 400  # long enough to still be running when migrate_out arrives, even on an idle machine
     s, reference = generate(front, prompt, max_new)
     assert s == 200
 
@@ -128,7 +128,7 @@ def test_corrupted_store_entry_is_detected_and_recomputed(front):
     while status(dec_a["url"])["running"] < 1:
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    time.sleep(1.0)
+    time.sleep(0.3)
     moved = requests.post(dec_a["url"] + "/prorsa/migrate_out", timeout=60).json()["requests"]
     t.join(timeout=120)
     (rec,) = [r for r in moved if r["rid"] == "corruption-test"]

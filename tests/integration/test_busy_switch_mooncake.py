@@ -25,7 +25,7 @@ def front(tiny_model, log_dir):
 def test_decode_switch_resumes_from_the_mooncake_store(front):
     arrange(front, prefill=1, decode=2)
     prompts = distinct_prompts(8, lambda i: 40 + 7 * i, seed=5)
-    max_new = 64
+    max_new = 160
     reference = run_all(front, prompts, max_new)
     target = next(i for i in instances(front) if i["role"] == "decode")
     with ThreadPoolExecutor(len(prompts)) as ex:

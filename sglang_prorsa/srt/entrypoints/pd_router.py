@@ -44,6 +44,11 @@ class Resume:
     record: MigratedRequest | None = None
 
 
+def _refused(status: int, payload: Any) -> bool:
+    """The instance's admission gate said no: it is switching roles (engine_routes.install_admission_gate)."""
+    return status == 503 and isinstance(payload, dict) and "switching roles" in str(payload.get("error", ""))
+
+
 def _is_abort(payload: Any) -> bool:
     """SGLang answers a cancelled request with 200 and an "abort" finish reason (native or OpenAI shape)."""
     if not isinstance(payload, dict):
@@ -64,7 +69,7 @@ class PDRouter:
         self._session: aiohttp.ClientSession | None = None
         self.migrations: dict[str, asyncio.Future] = {}
         self.attempts: dict[str, tuple[EngineInstance, EngineInstance]] = {}  # rid -> (prefill, decode) in flight
-        self.stats = {"requests": 0, "attempts": 0, "resumed": 0, "restarted": 0, "failed": 0}
+        self.stats = {"requests": 0, "attempts": 0, "resumed": 0, "restarted": 0, "refused_retries": 0, "failed": 0}
 
     async def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -158,7 +163,11 @@ class PDRouter:
                 raise RouteError(503, str(e)) from None
             if resume is not None and resume.record is not None and resume.record.kv_tokens > 0:
                 history.append(await self._load_prefix(prefill, resume.record))
-            status, answer = await self._dispatch(rid, payload, prefill, decode, trajectory_id)
+            status, answer, refused = await self._dispatch(rid, payload, prefill, decode, trajectory_id)
+            if refused:  # picked just before the instance left the pool: nothing ran, try another pair
+                self.migrations.pop(rid, None)
+                self.stats["refused_retries"] += 1
+                continue
             if status == 200 and not _is_abort(answer):
                 if history:
                     history[-1]["cached_tokens"] = answer.get("meta_info", {}).get("cached_tokens")
@@ -193,7 +202,12 @@ class PDRouter:
             except NoInstance as e:
                 self.stats["failed"] += 1
                 raise RouteError(503, str(e)) from None
-            status, answer = await self._dispatch(rid, dict(body, rid=rid), prefill, decode, trajectory_id, path)
+            status, answer, refused = await self._dispatch(rid, dict(body, rid=rid), prefill, decode, trajectory_id,
+                                                           path)
+            if refused:
+                self.migrations.pop(rid, None)
+                self.stats["refused_retries"] += 1
+                continue
             if status == 200 and not _is_abort(answer):
                 return answer
             record = await self._migration_of(rid, prefill, decode)
@@ -206,7 +220,9 @@ class PDRouter:
         raise RouteError(503, f"request was moved {MAX_ATTEMPTS} times without finishing")
 
     async def _dispatch(self, rid: str, payload: dict, prefill: EngineInstance, decode: EngineInstance,
-                        trajectory_id: str | None, path: str = "/generate") -> tuple[int, Any]:
+                        trajectory_id: str | None, path: str = "/generate") -> tuple[int, Any, bool]:
+        """Send one attempt to the pair; returns the decode side's (status, answer) and whether an instance refused
+        it because it had started switching (the caller then simply tries another pair)."""
         body = dict(payload, bootstrap_host="127.0.0.1", bootstrap_port=prefill.bootstrap_port,
                     bootstrap_room=random.getrandbits(63))
         body.pop("trajectory_id", None)
@@ -219,31 +235,52 @@ class PDRouter:
         self.stats["attempts"] += 1
         if self.hooks:
             self.hooks.dispatched(trajectory_id, rid, prefill, decode, prompt)
+        p_task = asyncio.ensure_future(self._post_checked(prefill.url + path, body, "prefill"))
+        d_task = asyncio.ensure_future(self._post_checked(decode.url + path, body, "decode"))
+        p_status, p_answer = 0, None
         try:
-            p_task = asyncio.ensure_future(self.post(prefill.url + path, body))
-            d_task = asyncio.ensure_future(self.post(decode.url + path, body))
-            try:
-                p_status, p_answer = await p_task
-            except aiohttp.ClientError as e:
-                p_status, p_answer = 502, {"error": f"prefill instance unreachable: {e}"}
-            finally:
+            pending = {p_task, d_task}
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if p_task in done and p_status == 0:
+                    p_status, p_answer = p_task.result()
+                    prefill.inflight_prompt_tokens -= prompt
+                    prefill.inflight_requests -= 1
+                    prefill.rids.discard(rid)
+                    ok = p_status == 200 and not _is_abort(p_answer)
+                    if self.hooks:
+                        self.hooks.prefilled(trajectory_id, rid, prefill, ok)
+                    if not ok and d_task in pending:
+                        await self._abort(decode, rid)  # the KV it waits for will never come
+                if d_task in done:
+                    d_status, d_answer = d_task.result()
+                    if (d_status != 200 or _is_abort(d_answer)) and p_task in pending:
+                        await self._abort(prefill, rid)  # nobody will take its KV
+        finally:
+            if p_status == 0:
                 prefill.inflight_prompt_tokens -= prompt
                 prefill.inflight_requests -= 1
                 prefill.rids.discard(rid)
-                if self.hooks:
-                    self.hooks.prefilled(trajectory_id, rid, prefill, p_status == 200 and not _is_abort(p_answer))
-            try:
-                d_status, d_answer = await d_task
-            except aiohttp.ClientError as e:
-                d_status, d_answer = 502, {"error": f"decode instance unreachable: {e}"}
-        finally:
             decode.inflight_requests -= 1
             decode.rids.discard(rid)
             self.attempts.pop(rid, None)
         if self.hooks:
             self.hooks.decoded(trajectory_id, rid, d_status == 200 and not _is_abort(d_answer))
+        refused = _refused(p_status, p_answer) or _refused(d_status, d_answer)
         # The decode instance's answer is the request's answer; a prefill failure shows up there as a failed transfer.
-        return d_status, d_answer
+        return d_status, d_answer, refused
+
+    async def _post_checked(self, url: str, body: dict, side: str) -> tuple[int, Any]:
+        try:
+            return await self.post(url, body)
+        except aiohttp.ClientError as e:
+            return 502, {"error": f"{side} instance unreachable: {e}"}
+
+    async def _abort(self, instance: EngineInstance, rid: str) -> None:
+        try:
+            await self.post(instance.url + "/abort_request", {"rid": rid}, timeout_s=30)
+        except Exception as e:  # the attempt still ends, at that instance's own timeout
+            logger.warning("abort of %s on %s failed: %s", rid, instance.instance_id, e)
 
     async def _load_prefix(self, prefill: EngineInstance, record: MigratedRequest) -> dict:
         tokens = (record.input_ids + record.output_ids)[: record.kv_tokens]

@@ -79,3 +79,12 @@ def test_resume_budget_and_assembly():
     assert out["meta_info"]["prorsa"] == {"migrations": [{"x": 1}]}
     untouched = {"output_ids": [4]}
     assert router._assemble(untouched, None, body, []) is untouched
+
+
+def test_refusal_by_a_switching_instance_is_recognised():
+    from sglang_prorsa.srt.entrypoints.pd_router import _refused
+
+    gate = {"error": "instance is switching roles; send this request to another instance"}
+    assert _refused(503, gate)
+    assert not _refused(503, {"error": "overloaded"})
+    assert not _refused(200, gate)
