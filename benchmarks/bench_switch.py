@@ -61,7 +61,11 @@ def one_point(url: str, n: int, ctx: int, seed: int) -> dict:
             time.sleep(0.05)
         running = status(target["url"])["running"]
         report = switch(url, target["instance"], "prefill")
-        ok = sum(f.result().status_code == 200 for f in futures)
+        answers = [f.result() for f in futures]
+        ok = sum(a.status_code == 200 for a in answers)
+        for a in answers:
+            if a.status_code != 200:
+                print(f"  request failed ({a.status_code}): {a.text[:400]}", flush=True)
     t = report["timings"]
     persist_s = max(t["persist_s"], 1e-9)
     return {"requests": n, "context": ctx, "running_at_switch": running, "migrated": report["migrated"],

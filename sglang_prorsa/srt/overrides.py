@@ -8,6 +8,7 @@ scheduler processes re-import the launcher's main module), and refuses to run on
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 from dataclasses import dataclass, field
@@ -134,40 +135,45 @@ def _add_scheduler_mixin() -> bool:
     return True
 
 
+def wrap_method(owner: Any, name: str, make: Callable[[Callable], Callable]) -> bool:
+    """Replace ``owner.name`` by ``make(original)`` once per process; the wrapper must call the original."""
+    original = getattr(owner, name)
+    if getattr(original, "_prorsa_wrapped", False):
+        return True
+    wrapped = functools.wraps(original)(make(original))
+    wrapped._prorsa_wrapped = True
+    setattr(owner, name, wrapped)
+    return True
+
+
 def _wrap_process_input_requests() -> bool:
     from sglang.srt.managers.scheduler import Scheduler
 
-    original = Scheduler.process_input_requests
-    if getattr(original, "_prorsa_wrapped", False):
-        return True
+    def make(original):
+        def process_input_requests(self, recv_reqs):
+            out = original(self, recv_reqs)
+            # Between two forward passes: the only point where a busy switch may touch batches, queues and the pool.
+            self.prorsa_poll()
+            self.prorsa_state().counters.observe_busy(not self.is_fully_idle())
+            return out
 
-    def process_input_requests(self, recv_reqs):
-        out = original(self, recv_reqs)
-        # Between two forward passes: the only point where a busy switch may touch batches, queues and the pool.
-        self.prorsa_poll()
-        self.prorsa_state().counters.observe_busy(not self.is_fully_idle())
-        return out
+        return process_input_requests
 
-    process_input_requests._prorsa_wrapped = True
-    Scheduler.process_input_requests = process_input_requests
-    return True
+    return wrap_method(Scheduler, "process_input_requests", make)
 
 
 def _wrap_run_batch() -> bool:
     from sglang.srt.managers.scheduler import Scheduler
 
-    original = Scheduler.run_batch
-    if getattr(original, "_prorsa_wrapped", False):
-        return True
+    def make(original):
+        def run_batch(self, batch, *args, **kwargs):
+            if batch is not None and batch.forward_mode.is_extend() and batch.extend_num_tokens:
+                self.prorsa_state().counters.add("prompt_tokens_computed", int(batch.extend_num_tokens))
+            return original(self, batch, *args, **kwargs)
 
-    def run_batch(self, batch, *args, **kwargs):
-        if batch is not None and batch.forward_mode.is_extend() and batch.extend_num_tokens:
-            self.prorsa_state().counters.add("prompt_tokens_computed", int(batch.extend_num_tokens))
-        return original(self, batch, *args, **kwargs)
+        return run_batch
 
-    run_batch._prorsa_wrapped = True
-    Scheduler.run_batch = run_batch
-    return True
+    return wrap_method(Scheduler, "run_batch", make)
 
 
 _BUILTIN_DONE = False

@@ -176,6 +176,8 @@ class PDRouter:
             self.migrations.pop(rid, None)
             if record is None:
                 self.stats["failed"] += 1
+                logger.warning("attempt %s on %s+%s failed (%s): %s", rid, prefill.instance_id, decode.instance_id,
+                               status, str(answer)[:500])
                 raise RouteError(status if status >= 400 else 502, "generation failed", answer)
             generated = (resume.generated if resume else []) + record.output_ids
             base = record.input_ids if resume is None else resume.input_ids

@@ -52,3 +52,25 @@ def test_pypi_kernels_is_not_shadowed_by_our_kernels_folder():
     assert not Path(spec.origin).is_relative_to(repo), spec.origin
     ours = importlib.util.find_spec("sglang_prorsa.kernels")
     assert Path(ours.origin).parent == repo / "kernels"
+
+
+def test_wrap_method_wraps_once_and_keeps_the_original_running():
+    calls = []
+
+    class Target:
+        def step(self, x):
+            calls.append(("orig", x))
+            return x + 1
+
+    def make(original):
+        def step(self, x):
+            calls.append(("ours", x))
+            return original(self, x)
+
+        return step
+
+    assert overrides.wrap_method(Target, "step", make)
+    assert overrides.wrap_method(Target, "step", make)  # a second apply is a no-op, not a double wrap
+    assert Target().step(1) == 2
+    assert calls == [("ours", 1), ("orig", 1)]
+    assert Target.step.__name__ == "step" and Target.step._prorsa_wrapped
