@@ -119,6 +119,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, nargs="+", default=[4, 16, 32])
     ap.add_argument("--contexts", type=int, nargs="+", default=[128, 512, 1024])
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--log-level", default="warning", help="the instances' SGLang log level (info to debug failures)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     port = processes.free_port()
@@ -126,7 +127,7 @@ def main() -> None:
     front = processes.start(
         ["--pd-adaptive", "--prorsa-instances", "3", "--prorsa-manual-switch", "--prorsa-kv-store-path",
          str(work / "store"), "--prorsa-log-dir", str(work), "--host", "127.0.0.1", "--port", str(port),
-         "--max-total-tokens", "200000", "--log-level", "warning"], name="front", port=port, log_dir=work)
+         "--max-total-tokens", "200000", "--log-level", args.log_level], name="front", port=port, log_dir=work)
     try:
         print(f"starting the front and 3 instances (logs in {work}) ...", flush=True)
         front.wait_ready(timeout=900)
