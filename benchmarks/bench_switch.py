@@ -14,38 +14,19 @@ import argparse
 import json
 import statistics
 import tempfile
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import requests
 from tqdm import tqdm
 
 from sglang_prorsa.srt.utils import processes
+from sglang_prorsa.testing.front_client import arrange, instances, switch, switch_under_load
 
 
-def instances(url: str) -> list[dict]:
-    return requests.get(url + "/prorsa/instances", timeout=10).json()["instances"]
-
-
-def status(url: str) -> dict:
-    return requests.get(url + "/prorsa/status", timeout=10).json()
-
-
-def switch(url: str, instance: str, role: str) -> dict:
-    r = requests.post(url + "/prorsa/switch", json={"instance": instance, "new_role": role}, timeout=600)
+def switch_report(url: str, instance: str, role: str) -> dict:
+    r = switch(url, instance, role)
     r.raise_for_status()
     return r.json()
-
-
-def arrange(url: str, prefill: int) -> None:
-    while True:
-        insts = instances(url)
-        n_p = sum(i["role"] == "prefill" for i in insts)
-        if n_p == prefill:
-            return
-        src, dst = ("prefill", "decode") if n_p > prefill else ("decode", "prefill")
-        switch(url, next(i for i in insts if i["role"] == src)["instance"], dst)
 
 
 def one_point(url: str, n: int, ctx: int, seed: int) -> dict:
@@ -54,18 +35,15 @@ def one_point(url: str, n: int, ctx: int, seed: int) -> dict:
     prompts = [[10 + (seed * 97 + i) % 800] + [(seed + i * 37 + j * 11) % 900 + 20 for j in range(ctx - 1)]
                for i in range(2 * n)]  # the front spreads them over the two decode instances
     body = lambda p: {"input_ids": p, "sampling_params": {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}}
-    with ThreadPoolExecutor(2 * n) as ex:
-        futures = [ex.submit(requests.post, url + "/generate", json=body(p), timeout=900) for p in prompts]
-        deadline = time.monotonic() + 600
-        while status(target["url"])["running"] < n and time.monotonic() < deadline:
-            time.sleep(0.05)
-        running = status(target["url"])["running"]
-        report = switch(url, target["instance"], "prefill")
-        answers = [f.result() for f in futures]
-        ok = sum(a.status_code == 200 for a in answers)
-        for a in answers:
-            if a.status_code != 200:
-                print(f"  request failed ({a.status_code}): {a.text[:400]}", flush=True)
+    response, answers, before = switch_under_load(
+        url, lambda p: requests.post(url + "/generate", json=body(p), timeout=900), prompts, target, "prefill",
+        ready=lambda st: st["running"] >= n, timeout_s=600)
+    response.raise_for_status()
+    report, running = response.json(), before["running"]
+    ok = sum(a.status_code == 200 for a in answers)
+    for a in answers:
+        if a.status_code != 200:
+            print(f"  request failed ({a.status_code}): {a.text[:400]}", flush=True)
     t = report["timings"]
     persist_s = max(t["persist_s"], 1e-9)
     return {"requests": n, "context": ctx, "running_at_switch": running, "migrated": report["migrated"],
@@ -81,7 +59,7 @@ def idle_flip_baseline(url: str, repeats: int = 3) -> float:
     times = []
     for _ in range(repeats):
         target = next(i for i in instances(url) if i["role"] == "decode")
-        times.append(switch(url, target["instance"], "prefill")["timings"]["rebuild_s"])
+        times.append(switch_report(url, target["instance"], "prefill")["timings"]["rebuild_s"])
         arrange(url, prefill=1)
     return statistics.median(times)
 

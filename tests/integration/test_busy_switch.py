@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 
 from sglang_prorsa.testing.pd import pd_generate
+from sglang_prorsa.testing.front_client import switch_under_load
 from tests_support import (arrange, computed_tokens, distinct_prompts, flush_prefix_caches, generate, instances,
-                           run_all, sampling, start_front, status)
+                           run_all, running_front, sampling, status)
 
 pytestmark = pytest.mark.integration
 
@@ -25,12 +25,9 @@ PAGE = 1  # the CPU recipe's page size
 @pytest.fixture(scope="module")
 def front(tiny_model, log_dir, tmp_path_factory):
     store = tmp_path_factory.mktemp("kv-store")
-    srv = start_front(log_dir, ["--prorsa-kv-store", "file", "--prorsa-kv-store-path", str(store)])
-    try:
+    with running_front(log_dir, ["--prorsa-kv-store", "file", "--prorsa-kv-store-path", str(store)]) as srv:
         srv.store = store
         yield srv
-    finally:
-        srv.stop(grace_s=20)
 
 
 def test_decode_instance_switched_mid_generation(front):
@@ -41,17 +38,10 @@ def test_decode_instance_switched_mid_generation(front):
     assert all(s == 200 for s, _ in reference)
     target = next(i for i in instances(front) if i["role"] == "decode")
 
-    with ThreadPoolExecutor(len(prompts)) as ex:
-        futures = [ex.submit(generate, front, p, max_new) for p in prompts]
-        deadline = time.monotonic() + 300
-        while status(target["url"])["running"] < 16:
-            assert time.monotonic() < deadline, "the decode instance never had 16 running requests"
-            time.sleep(0.1)
-        time.sleep(0.3)  # let them generate a few tokens first
-        running_before = status(target["url"])["running"]
-        sw = requests.post(front.url + "/prorsa/switch", json={"instance": target["instance"], "new_role": "prefill"},
-                           timeout=300)
-        results = [f.result() for f in futures]
+    # settle_s: let them generate a few tokens first
+    sw, results, before = switch_under_load(front.url, lambda p: generate(front, p, max_new), prompts, target,
+                                            "prefill", ready=lambda st: st["running"] >= 16, settle_s=0.3)
+    running_before = before["running"]
 
     assert sw.status_code == 200, sw.text
     report = sw.json()
@@ -89,15 +79,8 @@ def test_prefill_instance_switched_with_queued_requests(front):
     before = computed_tokens(front)
     target = next(i for i in instances(front) if i["role"] == "prefill")
 
-    with ThreadPoolExecutor(len(prompts)) as ex:
-        futures = [ex.submit(generate, front, p, max_new) for p in prompts]
-        deadline = time.monotonic() + 120
-        while status(target["url"])["queued"] < 3:
-            assert time.monotonic() < deadline, "no requests queued on the prefill instance"
-            time.sleep(0.02)
-        sw = requests.post(front.url + "/prorsa/switch", json={"instance": target["instance"], "new_role": "decode"},
-                           timeout=300)
-        results = [f.result() for f in futures]
+    sw, results, _ = switch_under_load(front.url, lambda p: generate(front, p, max_new), prompts, target, "decode",
+                                       ready=lambda st: st["queued"] >= 3, timeout_s=120)
 
     assert sw.status_code == 200, sw.text
     assert sw.json()["restarted"] >= 1  # queued requests were handed back and re-sent elsewhere

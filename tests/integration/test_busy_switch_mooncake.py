@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import requests
 
-from tests_support import arrange, distinct_prompts, generate, instances, run_all, start_front, status
+from sglang_prorsa.testing.front_client import switch_under_load
+from tests_support import arrange, distinct_prompts, generate, instances, run_all, running_front
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def front(tiny_model, log_dir):
-    srv = start_front(log_dir, ["--prorsa-kv-store", "mooncake"])
-    try:
+    with running_front(log_dir, ["--prorsa-kv-store", "mooncake"]) as srv:
         yield srv
-    finally:
-        srv.stop(grace_s=20)
 
 
 def test_decode_switch_resumes_from_the_mooncake_store(front):
@@ -28,16 +23,8 @@ def test_decode_switch_resumes_from_the_mooncake_store(front):
     max_new = 160
     reference = run_all(front, prompts, max_new)
     target = next(i for i in instances(front) if i["role"] == "decode")
-    with ThreadPoolExecutor(len(prompts)) as ex:
-        futures = [ex.submit(generate, front, p, max_new) for p in prompts]
-        deadline = time.monotonic() + 300
-        while status(target["url"])["running"] < 4:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        time.sleep(0.5)
-        sw = requests.post(front.url + "/prorsa/switch", json={"instance": target["instance"], "new_role": "prefill"},
-                           timeout=300)
-        results = [f.result() for f in futures]
+    sw, results, _ = switch_under_load(front.url, lambda p: generate(front, p, max_new), prompts, target, "prefill",
+                                       ready=lambda st: st["running"] >= 4, settle_s=0.5)
     assert sw.status_code == 200, sw.text
     assert sw.json()["migrated"] >= 4 and sw.json()["persisted_bytes"] > 0
     loaded = 0

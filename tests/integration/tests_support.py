@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import requests
 
 from sglang_prorsa.srt.utils import processes
+from sglang_prorsa.testing import front_client
 
 PROMPTS = [
     "the agent calls a tool and reads the result",
@@ -29,8 +32,10 @@ def generate_ids(url: str, input_ids: list[int], max_new: int) -> list[int]:
     return r.json()["output_ids"]
 
 
-def start_front(log_dir: Path, store_flags: list[str], n_instances: int = 3) -> processes.ServerProcess:
-    """An adaptive front over ``n_instances`` engine instances (1 prefill first), switching only on request."""
+@contextmanager
+def running_front(log_dir: Path, store_flags: list[str], n_instances: int = 3) -> Iterator[processes.ServerProcess]:
+    """An adaptive front over ``n_instances`` engine instances (1 prefill first), switching only on request; ended
+    by PID when the block exits."""
     port = processes.free_port()
     srv = processes.start(
         ["--pd-adaptive", "--prorsa-instances", str(n_instances), "--prorsa-initial-prefill", "1",
@@ -38,32 +43,25 @@ def start_front(log_dir: Path, store_flags: list[str], n_instances: int = 3) -> 
          "--host", processes.LOOPBACK, "--port", str(port), "--chunked-prefill-size", "64",
          "--max-total-tokens", "65536", "--log-level", "warning"],
         name=f"adaptive-front-{port}", port=port, log_dir=log_dir)
-    srv.wait_ready(timeout=600)
-    return srv
+    try:
+        srv.wait_ready(timeout=600)
+        yield srv
+    finally:
+        srv.stop(grace_s=20)
 
 
 def instances(front) -> list[dict]:
-    return requests.get(front.url + "/prorsa/instances", timeout=10).json()["instances"]
+    return front_client.instances(front.url)
 
 
 def status(url: str) -> dict:
-    return requests.get(url + "/prorsa/status", timeout=10).json()
+    return front_client.instance_status(url)
 
 
 def arrange(front, prefill: int, decode: int) -> None:
     """Switch idle instances until the roles are ``prefill`` : ``decode``."""
-    for _ in range(3):
-        insts = instances(front)
-        n_p = sum(i["role"] == "prefill" for i in insts)
-        if n_p == prefill:
-            assert len(insts) - n_p == decode
-            return
-        src, dst = ("prefill", "decode") if n_p > prefill else ("decode", "prefill")
-        victim = next(i for i in insts if i["role"] == src)
-        r = requests.post(front.url + "/prorsa/switch", json={"instance": victim["instance"], "new_role": dst},
-                          timeout=120)
-        assert r.status_code == 200, r.text
-    raise AssertionError("could not arrange roles")
+    insts = front_client.arrange(front.url, prefill)
+    assert len(insts) - prefill == decode
 
 
 def generate(front, ids: list[int], max_new: int) -> tuple[int, dict]:
