@@ -114,6 +114,9 @@ def test_corrupted_store_entry_is_detected_and_recomputed(front):
     time.sleep(0.3)
     moved = requests.post(dec_a["url"] + "/prorsa/migrate_out", timeout=60).json()["requests"]
     t.join(timeout=120)
+    assert status(dec_a["url"])["admitting"] is False  # a migrate_out takes the instance out of admission
+    assert requests.post(dec_a["url"] + "/prorsa/admission", json={"accept": True}, timeout=10).json() == {
+        "admitting": True}
     (rec,) = [r for r in moved if r["rid"] == "corruption-test"]
     assert rec["kv_tokens"] == len(prompt) + len(rec["output_ids"]) - 1 and rec["output_ids"]
     assert rec["sampling_params"]["max_new_tokens"] == max_new - len(rec["output_ids"])

@@ -3,12 +3,15 @@
     POST /prorsa/migrate_out   cancel every request here, persist the KV of those that have it, return their records
     POST /prorsa/switch_role   the busy switch: stop admitting, migrate out, wait until quiet, rebuild the role
                                through SGLang's own teardown/init (weights stay resident); report quiesce/persist/rebuild
+    POST /prorsa/admission     {"accept": true|false}: reopen (or close) admission after a migrate_out without a switch
     POST /prorsa/kv/load       load a persisted prefix from the KV store into this instance's prefix cache
     GET  /prorsa/status        role, idle, running/queued counts, KV footprint and capacity, counters
     GET  /prorsa/metrics       the same counters in Prometheus text format
 
-While a switch runs the instance answers new generation requests with 503 (it is out of the routing pool by then;
-the 503 makes a stray request fail explicitly instead of being cancelled later).
+From the first migrate_out until the switch finishes the instance answers new generation requests with 503 (it is
+out of the routing pool by then; the front retries such a request on another pair). Quiet, before the rebuild, means
+the scheduler is idle and no admitted generation request is still on its way to it. (Streaming responses count as
+answered once their headers are sent; the adaptive front does not stream.)
 """
 
 from __future__ import annotations
@@ -40,6 +43,11 @@ class EngineSwitchState:
         self.self_url = self_url
         self.cpu = cpu
         self.switching = False
+        # Off from the first migrate_out until a switch finishes: the instance has left the routing pool.
+        self.admitting = True
+        # Generation requests past the admission gate and not yet answered. A request can be between the HTTP layer
+        # and the scheduler while the scheduler looks idle; quiet means both are empty.
+        self.inflight_http = 0
         self.switches = 0
         self.last_switch: dict[str, Any] | None = None
 
@@ -48,7 +56,7 @@ async def wait_idle(state: EngineSwitchState, timeout_s: float) -> float:
     t0 = time.perf_counter()
     while True:
         st = await state.control.call(Status(), timeout_s=timeout_s)
-        if st.idle:
+        if st.idle and state.inflight_http == 0:
             return time.perf_counter() - t0
         if time.perf_counter() - t0 > timeout_s:
             raise TimeoutError(f"instance not idle after {timeout_s} s ({st.running} running, {st.queued} queued)")
@@ -60,6 +68,7 @@ def make_engine_router(state: EngineSwitchState) -> APIRouter:
 
     @router.post("/prorsa/migrate_out")
     async def migrate_out(request: Request):
+        state.admitting = False  # stop admitting first, so nothing lands behind the sweep
         result = await state.control.call(MigrateOut(reason="migrate_out"))
         return JSONResponse(result.to_json())
 
@@ -77,6 +86,7 @@ def make_engine_router(state: EngineSwitchState) -> APIRouter:
         if state.switching:
             return JSONResponse({"error": "a switch is already running on this instance"}, status_code=409)
         state.switching = True
+        state.admitting = False
         t0 = time.perf_counter()
         try:
             status = await state.control.call(Status())
@@ -121,6 +131,20 @@ def make_engine_router(state: EngineSwitchState) -> APIRouter:
             return JSONResponse({"error": f"switch failed: {e}"}, status_code=503)
         finally:
             state.switching = False
+            state.admitting = True
+
+    @router.post("/prorsa/admission")
+    async def admission(request: Request):
+        body = await json_object(request)
+        if isinstance(body, JSONResponse):
+            return body
+        accept = body.get("accept")
+        if not isinstance(accept, bool):
+            return field_error("accept", "must be true or false")
+        if state.switching:
+            return JSONResponse({"error": "a switch is running; admission resumes when it ends"}, status_code=409)
+        state.admitting = accept
+        return JSONResponse({"admitting": state.admitting})
 
     @router.post("/prorsa/kv/load")
     async def kv_load(request: Request):
@@ -144,6 +168,7 @@ def make_engine_router(state: EngineSwitchState) -> APIRouter:
         st = await state.control.call(Status())
         d = vars(st).copy()
         d["switching"] = state.switching
+        d["admitting"] = state.admitting
         d["switches"] = state.switches
         d["last_switch"] = state.last_switch
         return JSONResponse(d)
@@ -164,7 +189,13 @@ def make_engine_router(state: EngineSwitchState) -> APIRouter:
 def install_admission_gate(app: FastAPI, state: EngineSwitchState) -> None:
     @app.middleware("http")
     async def refuse_while_switching(request: Request, call_next):
-        if state.switching and request.url.path in GENERATION_PATHS:
+        if request.url.path not in GENERATION_PATHS:
+            return await call_next(request)
+        if not state.admitting:
             return JSONResponse({"error": "instance is switching roles; send this request to another instance"},
                                 status_code=503)
-        return await call_next(request)
+        state.inflight_http += 1
+        try:
+            return await call_next(request)
+        finally:
+            state.inflight_http -= 1
