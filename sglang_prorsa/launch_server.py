@@ -5,8 +5,11 @@ Every ``sglang.launch_server`` flag passes through unchanged. On top:
 - no ``--model-path``: serve the embedded default, a small random-weight Llama generated locally into a cache;
 - no CUDA device: apply the CPU recipe (flags, environment, libcuda stub; see ``srt/cpu_recipe.py``), logging each
   setting; flags given explicitly win;
-- ``--pd-adaptive``: start the adaptive PD front (router + control plane) with its own engine instances instead of
-  one plain server (see ``srt/entrypoints/adaptive.py``).
+- ``--pd-adaptive`` / ``--pd-static P:D`` / ``--pd-colocated N``: start the front (a thin relay plus the controller)
+  with its own engine instances instead of one server (``srt/controller/launcher.py``);
+- ``--prorsa-controller URL``: one engine instance that registers with a controller (on this or another machine).
+
+Our flags are parsed once into a frozen ``ProrsaConfig`` (``sglang_prorsa/config.py``) and handed down whole.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import re
 import sys
 
 from sglang_prorsa.srt import cpu_recipe
-from sglang_prorsa.srt.server_flags import add_prorsa_flags, split_prorsa_flags
+from sglang_prorsa.config import ConfigError, InstanceSpec, Mode, ProrsaConfig, add_prorsa_flags, split_prorsa_flags
 
 logger = logging.getLogger("sglang_prorsa.launch")
 
@@ -92,26 +95,47 @@ def prepare_environment(argv: list[str]) -> None:
     os.execve(sys.executable, [sys.executable, "-m", "sglang_prorsa.launch_server", *argv], env)
 
 
+def instance_spec(config: ProrsaConfig, sglang_argv: list[str]) -> InstanceSpec:
+    """The spec of the one instance this process serves (a single server, or one under a controller)."""
+    from sglang.srt.server_args import prepare_server_args
+
+    args = prepare_server_args(list(sglang_argv))
+    role = str(args.disaggregation_mode or "null").lower()
+    pd = role in ("prefill", "decode")
+    return InstanceSpec(
+        instance_id=config.prorsa_instance_id or f"{args.host}:{args.port}", host=args.host, port=args.port,
+        role=role, bootstrap_port=args.disaggregation_bootstrap_port if pd else None,
+        sglang_argv=tuple(sglang_argv), prorsa=config, controller_url=config.prorsa_controller,
+        advertise_url=config.prorsa_advertise_url, switchable=pd and config.mode is Mode.INSTANCE)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s prorsa] %(message)s", datefmt="%H:%M:%S")
     parser = build_parser()
-    # Validate everything (unknown flags, bad values) before anything is started or built.
+    # Validate everything (unknown flags, bad values, bad combinations) before anything is started or built.
     parser.parse_args(argv)
+    try:
+        split_prorsa_flags(argv)
+    except ConfigError as e:
+        parser.error(str(e))
     prepare_environment(argv)
 
     argv = check_model_path(parser, argv)
-    ours, sglang_argv = split_prorsa_flags(argv)
-    if os.environ.get("SGLANG_PRORSA_NO_CUDA") == "1":
+    config, sglang_argv = split_prorsa_flags(argv)
+    if os.environ.get("SGLANG_PRORSA_NO_CUDA") == "1":  # set by prepare_environment: what it detected
         sglang_argv = cpu_recipe.apply_cpu_flags(sglang_argv)
-    if ours.pd_adaptive:
-        from sglang_prorsa.srt.entrypoints.adaptive import run_adaptive
+    if config.mode in (Mode.ADAPTIVE, Mode.STATIC, Mode.COLOCATED):
+        from sglang.srt.server_args import prepare_server_args
 
-        run_adaptive(ours, sglang_argv)
+        from sglang_prorsa.srt.controller.launcher import run_front
+
+        front_args = prepare_server_args(list(sglang_argv))
+        run_front(config, sglang_argv, host=front_args.host, port=front_args.port)
         return
-    from sglang_prorsa.srt.entrypoints.engine_server import run_engine_server
+    from sglang_prorsa.srt.engine.server import run_instance
 
-    run_engine_server(ours, sglang_argv)
+    run_instance(instance_spec(config, sglang_argv))
 
 
 if __name__ == "__main__":

@@ -48,9 +48,10 @@ CPU_FLAGS: tuple[FlagDefault, ...] = (
                 ("--mem-fraction-static",)),
 )
 
-# Decode servers on CPU: the default retraction backup registers host memory with CUDA and dies.
+# Decode servers on CPU: the default retraction backup registers host memory with CUDA and dies. Set everywhere:
+# an instance a front starts as prefill may become decode, and the flag is inert on other servers.
 CPU_DECODE_FLAGS: tuple[FlagDefault, ...] = (
-    FlagDefault("--disaggregation-decode-retraction-backup", "cpu_tensor", "the default backup needs CUDA"),
+    FlagDefault("--disaggregation-decode-retraction-backup", "cpu_tensor", "the default decode backup needs CUDA"),
 )
 
 
@@ -77,9 +78,7 @@ def flag_value(argv: list[str], flag: str) -> str | None:
 def apply_cpu_flags(argv: list[str]) -> list[str]:
     """Return argv with the recipe's flags added where the user did not give them (each one logged)."""
     out = list(argv)
-    defaults = list(CPU_FLAGS)
-    if flag_value(argv, "--disaggregation-mode") == "decode" or given(argv, "--enable-pd-role-switch"):
-        defaults += CPU_DECODE_FLAGS
+    defaults = list(CPU_FLAGS) + list(CPU_DECODE_FLAGS)
     for d in defaults:
         mine = next((f for f in (d.flag, *d.also) if given(argv, f)), None)
         if mine:

@@ -94,8 +94,12 @@ def set_attribute(target: str, value: Any) -> Callable[[], bool]:
 
 
 def apply_overrides(*, only: set[str] | None = None) -> dict[str, bool]:
-    """Apply every registered override once per process (idempotent)."""
+    """Apply every registered override once per process (idempotent), after checking every SGLang internal our
+    extensions touch (``srt/sglang_internals.py``)."""
     check_sglang_version()
+    from sglang_prorsa.srt.sglang_internals import check_class_level
+
+    check_class_level()
     _register_builtin()
     for name, o in REGISTRY.overrides.items():
         if only is not None and name not in only:
@@ -124,10 +128,10 @@ def _mooncake_host_tensor_indices() -> bool:
 def _add_scheduler_mixin() -> bool:
     from sglang.srt.managers.scheduler import Scheduler
 
-    from sglang_prorsa.srt.role_switch.scheduler_mixin import ProrsaSchedulerMixin
+    from sglang_prorsa.srt.scheduler.extension import ProrsaSchedulerMixin
 
     for name, fn in vars(ProrsaSchedulerMixin).items():
-        if not name.startswith("prorsa") and not name.startswith("_prorsa"):
+        if not name.startswith("prorsa"):
             continue
         if name in vars(Scheduler):
             raise RuntimeError(f"Scheduler already has {name}: the Prorsa mixin would shadow SGLang")
@@ -154,7 +158,6 @@ def _wrap_process_input_requests() -> bool:
             out = original(self, recv_reqs)
             # Between two forward passes: the only point where a busy switch may touch batches, queues and the pool.
             self.prorsa_poll()
-            self.prorsa_state().counters.observe_busy(not self.is_fully_idle())
             return out
 
         return process_input_requests
@@ -168,12 +171,28 @@ def _wrap_run_batch() -> bool:
     def make(original):
         def run_batch(self, batch, *args, **kwargs):
             if batch is not None and batch.forward_mode.is_extend() and batch.extend_num_tokens:
-                self.prorsa_state().counters.add("prompt_tokens_computed", int(batch.extend_num_tokens))
+                self.prorsa_observe_extend(batch)
             return original(self, batch, *args, **kwargs)
 
         return run_batch
 
     return wrap_method(Scheduler, "run_batch", make)
+
+
+def _wrap_generate_request() -> bool:
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    from sglang_prorsa.srt.engine.hooks import wrap_generate_request
+
+    return wrap_method(TokenizerManager, "generate_request", wrap_generate_request)
+
+
+def _wrap_stream_one_response() -> bool:
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    from sglang_prorsa.srt.engine.hooks import wrap_stream_one_response
+
+    return wrap_method(TokenizerManager, "_stream_one_response", wrap_stream_one_response)
 
 
 _BUILTIN_DONE = False
@@ -198,9 +217,10 @@ def _register_builtin() -> None:
         target="sglang.srt.managers.scheduler:Scheduler",
         kind="mixin (added methods)",
         reason=(
-            "Busy-instance switching needs code inside the scheduler process: cancel requests keeping their tokens, "
-            "export their KV to the store, load a persisted prefix into the radix cache, report counters. Only new "
-            "prorsa_* methods are added; none of SGLang's is replaced."
+            "Busy-instance switching needs code inside the scheduler process: take requests off keeping their tokens, "
+            "export their KV to the store, release the halves of PD pairs that moved, load a persisted prefix into "
+            "the radix cache, report counters and busy intervals. Only new prorsa_* methods are added; none of "
+            "SGLang's is replaced (srt/scheduler/extension.py)."
         ),
         apply=_add_scheduler_mixin,
     ))
@@ -211,7 +231,7 @@ def _register_builtin() -> None:
         reason=(
             "Our control messages must be answered from the scheduler's event loop between two forward passes, "
             "where SGLang handles its own control requests; the wrapper runs SGLang's method unchanged, then polls "
-            "our channel and records busy/idle transitions for the busy-interval counters (θ^P)."
+            "our channel and records busy/idle transitions for the busy-interval counters (θ)."
         ),
         apply=_wrap_process_input_requests,
     ))
@@ -224,4 +244,28 @@ def _register_builtin() -> None:
             "which is how a resume shows it recomputed at most one page; SGLang's method runs unchanged."
         ),
         apply=_wrap_run_batch,
+    ))
+    REGISTRY.register(Override(
+        name="tokenizer_manager_hand_on_at_arrival",
+        target="sglang.srt.managers.tokenizer_manager:TokenizerManager.generate_request",
+        kind="wrapped method",
+        reason=(
+            "A request reaching an instance that is switching roles (or closed, or meant for the other role) is "
+            "handed on at arrival instead of entering its scheduler; otherwise SGLang's method runs unchanged. The "
+            "wrapper also counts requests on their way to the scheduler for the switch's quiet check "
+            "(srt/engine/hooks.py)."
+        ),
+        apply=_wrap_generate_request,
+    ))
+    REGISTRY.register(Override(
+        name="tokenizer_manager_resume_in_engine",
+        target="sglang.srt.managers.tokenizer_manager:TokenizerManager._stream_one_response",
+        kind="wrapped method",
+        reason=(
+            "Busy switching behind any router: a request taken off this instance ends in an abort, and the caller "
+            "(HTTP, OpenAI routes, streaming, in-process) is still waiting here; the wrapper continues it on another "
+            "pair from its persisted KV and gives the caller the stitched outputs instead of the abort. Outputs of "
+            "every other request pass through unchanged (srt/engine/hooks.py)."
+        ),
+        apply=_wrap_stream_one_response,
     ))

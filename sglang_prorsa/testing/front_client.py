@@ -1,7 +1,8 @@
-"""A small HTTP client for the adaptive front, shared by the integration tests and the switch benchmark."""
+"""A small HTTP client for a Prorsa front and its instances, shared by the integration tests and the benchmarks."""
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
@@ -11,12 +12,12 @@ import requests
 
 def instances(url: str) -> list[dict]:
     """The front's instances (``GET /prorsa/instances``)."""
-    return requests.get(url + "/prorsa/instances", timeout=10).json()["instances"]
+    return requests.get(url + "/prorsa/instances", timeout=30).json()["instances"]
 
 
 def instance_status(instance_url: str) -> dict:
     """One engine instance's own report (``GET /prorsa/status``)."""
-    return requests.get(instance_url + "/prorsa/status", timeout=10).json()
+    return requests.get(instance_url + "/prorsa/status", timeout=30).json()
 
 
 def switch(url: str, instance: str, new_role: str, timeout_s: float = 600) -> requests.Response:
@@ -31,26 +32,73 @@ def arrange(url: str, prefill: int, max_switches: int = 8) -> list[dict]:
         if n_p == prefill:
             return insts
         src, dst = ("prefill", "decode") if n_p > prefill else ("decode", "prefill")
-        r = switch(url, next(i for i in insts if i["role"] == src)["instance"], dst)
+        r = switch(url, next(i for i in insts if i["role"] == src and i["status"] == "active")["instance"], dst)
         r.raise_for_status()
     raise RuntimeError(f"could not arrange {prefill} prefill instances in {max_switches} switches")
 
 
-def switch_under_load(url: str, send: Callable[[Any], Any], items: Sequence[Any], target: dict, new_role: str,
-                      ready: Callable[[dict], bool], settle_s: float = 0.0,
+def sampling(max_new: int, **extra: Any) -> dict:
+    return {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True, **extra}
+
+
+def generate(url: str, input_ids: list[int], max_new: int, *, logprobs: bool = True, headers: dict | None = None,
+             timeout: float = 900) -> tuple[int, dict]:
+    body = {"input_ids": input_ids, "sampling_params": sampling(max_new), "return_logprob": logprobs}
+    r = requests.post(url + "/generate", json=body, timeout=timeout, headers=headers)
+    try:
+        return r.status_code, r.json()
+    except ValueError:
+        return r.status_code, {"error": r.text[:2000]}
+
+
+def generate_stream(url: str, input_ids: list[int], max_new: int, timeout: float = 900) -> list[dict]:
+    """Every server-sent event of a streamed ``/generate``, parsed."""
+    body = {"input_ids": input_ids, "sampling_params": sampling(max_new), "return_logprob": True, "stream": True}
+    chunks = []
+    with requests.post(url + "/generate", json=body, timeout=timeout, stream=True) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
+                chunks.append(json.loads(line[5:]))
+    return chunks
+
+
+def run_all(send: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+    with ThreadPoolExecutor(max(1, len(items))) as ex:
+        return list(ex.map(send, items))
+
+
+def switch_under_load(url: str, send: Callable[[Any], Any], items: Sequence[Any], target: dict | Callable[[], dict],
+                      new_role: str, ready: Callable[[dict], bool], settle_s: float = 0.0,
                       timeout_s: float = 300) -> tuple[requests.Response, list[Any], dict]:
     """Send every item concurrently, wait until ``ready(status of target)``, then switch ``target`` to ``new_role``.
 
+    ``target`` may be a callable choosing the instance once the load is on (e.g. the busiest decode instance).
     Returns (the switch response, every item's answer in order, the target's status just before the switch).
     """
     with ThreadPoolExecutor(len(items)) as ex:
         futures = [ex.submit(send, item) for item in items]
         deadline = time.monotonic() + timeout_s
-        while not ready(instance_status(target["url"])):
+        while True:
+            chosen = target() if callable(target) else target
+            if ready(instance_status(chosen["url"])):
+                break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"instance {target['instance']} never reached the state to switch in")
+                raise TimeoutError(f"instance {chosen['instance']} never reached the state to switch in")
             time.sleep(0.02)
         time.sleep(settle_s)
-        before = instance_status(target["url"])
-        response = switch(url, target["instance"], new_role)
+        before = instance_status(chosen["url"])
+        before["instance"] = chosen["instance"]
+        response = switch(url, chosen["instance"], new_role)
         return response, [f.result() for f in futures], before
+
+
+def busiest(url: str, role: str) -> dict:
+    """The active instance of ``role`` with the most requests running (the one a switch hurts most)."""
+    cands = [i for i in instances(url) if i["role"] == role and i["status"] == "active"]
+    return max(cands, key=lambda i: instance_status(i["url"])["running"])
+
+
+def distinct_prompts(n: int, length: Callable[[int], int], seed: int) -> list[list[int]]:
+    """Token prompts whose first tokens differ: no two share a cached prefix, so computed-token counts are exact."""
+    return [[10 + i] + [(seed * 131 + i * 37 + j * 11) % 900 + 20 for j in range(length(i) - 1)] for i in range(n)]

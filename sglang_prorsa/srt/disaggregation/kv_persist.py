@@ -16,36 +16,39 @@ import torch
 
 from sglang_prorsa.srt.disaggregation.kv_store import KVStore, block_keys, layout_id, open_store
 
-ENV_STORE = "SGLANG_PRORSA_KV_STORE"  # file | mooncake
-ENV_STORE_PATH = "SGLANG_PRORSA_KV_STORE_PATH"
-ENV_MOONCAKE_MASTER = "SGLANG_PRORSA_MOONCAKE_MASTER"
-ENV_STORE_CAPACITY = "SGLANG_PRORSA_KV_STORE_CAPACITY_BYTES"
-ENV_BLOCK_TOKENS = "SGLANG_PRORSA_KV_BLOCK_TOKENS"
 # A block aims at a few MiB: per-entry costs (a file, a store round trip) dominate small blocks (measured: the file
 # store writes 64-256 KiB blocks at ~0.2 GB/s and 1-8 MiB blocks at 0.5-1 GB/s), while one block is also the unit
 # that must be read in full to resume from its middle.
 TARGET_BLOCK_BYTES = 2 << 20
 MIN_BLOCK_TOKENS, MAX_BLOCK_TOKENS = 16, 1024
+DEFAULT_FILE_STORE = os.path.join(os.path.expanduser("~/.cache/sglang-prorsa"), "kv-store")
 
 
-def store_from_env() -> KVStore:
-    kind = os.environ.get(ENV_STORE, "file")
-    capacity = int(os.environ.get(ENV_STORE_CAPACITY, str(8 << 30)))
-    if kind == "file":
-        root = os.environ.get(ENV_STORE_PATH) or os.path.join(os.path.expanduser("~/.cache/sglang-prorsa"), "kv-store")
-        return open_store("file", root=root, capacity_bytes=capacity)
-    if kind == "mooncake":
-        return open_store("mooncake", master_address=os.environ[ENV_MOONCAKE_MASTER])
-    raise ValueError(f"{ENV_STORE}={kind!r}: expected 'file' or 'mooncake'")
+@dataclass(frozen=True)
+class KVStoreConfig:
+    """Where persisted KV blocks live; built once from ``ProrsaConfig`` and handed to the scheduler process."""
+
+    kind: str = "file"  # file | mooncake
+    path: str = ""  # file store root ("" = DEFAULT_FILE_STORE)
+    mooncake_master: str = ""  # HOST:PORT
+    capacity_bytes: int = 8 << 30
+    block_tokens: int = 0  # 0: about TARGET_BLOCK_BYTES worth
+
+    def open(self) -> KVStore:
+        if self.kind == "file":
+            return open_store("file", root=self.path or DEFAULT_FILE_STORE, capacity_bytes=self.capacity_bytes)
+        if self.kind == "mooncake":
+            if not self.mooncake_master:
+                raise ValueError("the mooncake KV store needs a master address (--prorsa-mooncake-master)")
+            return open_store("mooncake", master_address=self.mooncake_master)
+        raise ValueError(f"KV store kind {self.kind!r}: expected 'file' or 'mooncake'")
 
 
-def block_tokens_for(page_size: int, bytes_per_token: int) -> int:
-    """Tokens per store block: ``SGLANG_PRORSA_KV_BLOCK_TOKENS`` if set, else about TARGET_BLOCK_BYTES worth (a power
-    of two within [16, 1024]); always a whole number of pages."""
-    env = os.environ.get(ENV_BLOCK_TOKENS)
-    if env:
-        want = int(env)
-    else:
+def block_tokens_for(page_size: int, bytes_per_token: int, configured: int = 0) -> int:
+    """Tokens per store block: ``configured`` if set, else about TARGET_BLOCK_BYTES worth (a power of two within
+    [16, 1024]); always a whole number of pages."""
+    want = configured
+    if not want:
         want = MIN_BLOCK_TOKENS
         while want < MAX_BLOCK_TOKENS and (want * 2) * bytes_per_token <= TARGET_BLOCK_BYTES:
             want *= 2
@@ -64,14 +67,14 @@ def layout_of(scheduler: Any, codec: Any) -> str:
 
 
 def persist_request_kv(codec: Any, store: KVStore, tokens: Sequence[int], slots: torch.Tensor,
-                       layout: str) -> tuple[list[str], int, int]:
+                       layout: str, block_tokens: int = 0) -> tuple[list[str], int, int]:
     """Export the KV of ``tokens`` (held in pool ``slots``) and put it into ``store`` block by block.
 
     One export-kernel launch for the whole request; blocks are then views into that buffer.
     Returns (keys, block_tokens, bytes written).
     """
     page = codec.layout.page_size
-    bt = block_tokens_for(page, codec.page_bytes // page)
+    bt = block_tokens_for(page, codec.page_bytes // page, block_tokens)
     n = len(tokens)
     if n % page:
         # Only whole pages can be exported; the partial tail page is recomputed on resume.

@@ -1,4 +1,5 @@
-"""JSON request/response helpers shared by our HTTP routes: every client error names the field it is about."""
+"""JSON request/response helpers shared by our HTTP routes: every client error names the field it is about, and
+every refusal carries a typed code (``srt/messages.Code``)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,20 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from sglang_prorsa.srt.messages import Code
+
 
 def field_error(field: str, message: str, status: int = 422, detail: Any = None) -> JSONResponse:
-    body: dict[str, Any] = {"error": f"field '{field}': {message}", "field": field}
+    body: dict[str, Any] = {"error": f"field '{field}': {message}", "field": field, "code": Code.INVALID.value}
+    if detail is not None:
+        body["detail"] = detail
+    return JSONResponse(body, status_code=status)
+
+
+def coded_error(status: int, code: Code, message: str, *, field: str | None = None, detail: Any = None) -> JSONResponse:
+    body: dict[str, Any] = {"error": message, "code": code.value}
+    if field is not None:
+        body["field"] = field
     if detail is not None:
         body["detail"] = detail
     return JSONResponse(body, status_code=status)

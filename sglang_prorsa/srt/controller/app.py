@@ -1,0 +1,218 @@
+"""The front's HTTP app: the thin generation relay plus the controller's routes, on one address.
+
+    POST /generate, /v1/completions, /v1/chat/completions   relayed to a pair (or an instance): ``front/relay.py``
+    POST /lifecycle, /lifecycle/config; GET /lifecycle/*, /prorsa/forecast          the lifecycle control plane
+    GET  /prorsa/instances, /prorsa/decision, /prorsa/metrics, /metrics, /workers, /health
+    POST /prorsa/switch {"instance", "new_role"}, /prorsa/control_tick, /prorsa/register
+    GET  /v1/models, /get_model_info, /get_server_info      answered by an active instance
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from sglang_prorsa import __version__
+from sglang_prorsa.config import Mode, ProrsaConfig
+from sglang_prorsa.srt.controller.http import Http
+from sglang_prorsa.srt.controller.loop import ControlLoop
+from sglang_prorsa.srt.controller.metrics import merge_prometheus
+from sglang_prorsa.srt.controller.orchestrator import Orchestrator, SwitchRefused
+from sglang_prorsa.srt.controller.registry import Registry, State, UnknownInstance
+from sglang_prorsa.srt.controller.router_pools import RouterPools
+from sglang_prorsa.srt.entrypoints.http_utils import coded_error, field_error, json_object
+from sglang_prorsa.srt.entrypoints.lifecycle_api import make_router
+from sglang_prorsa.srt.forecast.config import PredictorConfig
+from sglang_prorsa.srt.front.relay import Relay
+from sglang_prorsa.srt.lifecycle.control_plane import LifecycleControlPlane
+from sglang_prorsa.srt.messages import Code
+
+logger = logging.getLogger("sglang_prorsa.front")
+
+GENERATION_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
+INFO_PATHS = ("/v1/models", "/get_model_info", "/get_server_info")
+
+
+class Front:
+    """Everything the front process owns, built once from the frozen configuration."""
+
+    def __init__(self, config: ProrsaConfig, registry: Registry | None = None, processes: dict | None = None,
+                 specs: dict | None = None) -> None:
+        self.config = config
+        self.registry = registry or Registry()
+        self.processes = processes or {}  # instance id -> ServerProcess, for the instances this front started
+        self.specs = specs or {}  # instance id -> InstanceSpec (to restart one)
+        self.http = Http()
+        router = RouterPools(config.prorsa_router, self.http) if config.prorsa_router else None
+        self.orchestrator = Orchestrator(self.registry, self.http, router)
+        self.control_plane = LifecycleControlPlane(config=PredictorConfig(horizon_s=config.prorsa_horizon_s))
+        self.loop = ControlLoop(config, self.registry, self.orchestrator, self.control_plane, self.http)
+        self.relay = Relay(self.registry, pd=config.mode is not Mode.COLOCATED)
+
+    async def any_active(self, path: str) -> tuple[int, Any]:
+        for inst in self.registry:
+            if inst.state is State.ACTIVE:
+                return await self.http.get(inst.url + path)
+        return 503, {"error": "no active instance", "code": Code.NO_INSTANCE.value}
+
+
+def build_app(front: Front) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        front.loop.start()
+        ticker = asyncio.create_task(_refresh_forecast(front.control_plane))
+        await front.orchestrator.push_peers()
+        await front.orchestrator.sync_router()
+        yield
+        ticker.cancel()
+        await front.loop.stop()
+        await front.relay.close()
+        await front.http.close()
+
+    app = FastAPI(title="sglang-prorsa front", lifespan=lifespan)
+    app.include_router(make_router(front.control_plane))
+    for path in GENERATION_PATHS:
+        app.add_route(path, front.relay.handle, methods=["POST"])
+
+    @app.get("/health")
+    async def health():
+        active = sum(i.state is State.ACTIVE for i in front.registry)
+        return {"status": "ok", "instances": len(front.registry), "active": active}
+
+    @app.get("/prorsa/info")
+    async def info():
+        return {"sglang_prorsa": __version__, "mode": front.config.mode.value,
+                "auto_switch": front.config.switching, "horizon_s": front.config.prorsa_horizon_s,
+                "control_interval_s": front.config.control_interval_s, "router": front.config.prorsa_router or None,
+                "kv_store": {"kind": front.config.prorsa_kv_store,
+                             "mooncake_master": front.config.prorsa_mooncake_master or None}}
+
+    @app.get("/prorsa/instances")
+    async def instances():
+        return {"instances": [i.describe() for i in front.registry], "switches": list(front.orchestrator.history),
+                "version": front.registry.version}
+
+    @app.get("/prorsa/decision")
+    async def decision():
+        return front.loop.decision()
+
+    @app.post("/prorsa/control_tick")
+    async def control_tick():
+        return await front.loop.tick()
+
+    @app.post("/prorsa/switch")
+    async def switch(request: Request):
+        body = await json_object(request)
+        if isinstance(body, JSONResponse):
+            return body
+        inst, role = body.get("instance"), body.get("new_role")
+        if not isinstance(inst, str) or inst not in front.registry.instances:
+            return field_error("instance", f"must be one of {sorted(front.registry.instances)}, got {inst!r}")
+        if role not in ("prefill", "decode"):
+            return field_error("new_role", f"must be 'prefill' or 'decode', got {role!r}")
+        try:
+            return await front.orchestrator.switch(inst, role)
+        except SwitchRefused as e:
+            return coded_error(e.status, e.code, str(e))
+        except UnknownInstance:
+            return field_error("instance", f"no instance {inst!r}")
+
+    @app.post("/prorsa/register")
+    async def register(request: Request):
+        body = await json_object(request)
+        if isinstance(body, JSONResponse):
+            return body
+        problem = _check_registration(body)
+        if problem:
+            return field_error(*problem)
+        inst, new = front.registry.register(body["instance_id"], body["url"], body["role"],
+                                            body.get("bootstrap_host") or "127.0.0.1", body.get("bootstrap_port"))
+        if new:
+            logger.info("instance %s registered from %s as %s", inst.instance_id, inst.url, inst.role)
+            await front.orchestrator.push_peers()
+            if front.orchestrator.router is not None and inst.role in ("prefill", "decode"):
+                await front.orchestrator.router.add(inst.url, inst.role, inst.bootstrap_port)
+        return {"instance": inst.describe(), "new": new, "version": front.registry.version}
+
+    @app.get("/workers")
+    async def workers():
+        """sglang-router's listing shape, so tooling that lists workers keeps working."""
+        items = [{"id": i.instance_id, "url": i.url, "worker_type": i.role if i.role != "null" else "regular",
+                  "bootstrap_port": i.bootstrap_port, "is_healthy": i.state is State.ACTIVE, "status": i.state.value}
+                 for i in front.registry]
+        stats = {"prefill_count": sum(w["worker_type"] == "prefill" for w in items),
+                 "decode_count": sum(w["worker_type"] == "decode" for w in items),
+                 "regular_count": sum(w["worker_type"] == "regular" for w in items)}
+        return {"workers": items, "total": len(items), "stats": stats}
+
+    @app.get("/prorsa/metrics")
+    async def prorsa_metrics():
+        return PlainTextResponse(_front_metrics(front))
+
+    @app.get("/metrics")
+    async def metrics():
+        texts = [_front_metrics(front)]
+        for inst in front.registry:
+            if inst.state in (State.DEAD, State.STARTING):
+                continue
+            for path in ("/prorsa/metrics", "/metrics"):  # ours, and SGLang's when it runs with --enable-metrics
+                try:
+                    status, text = await front.http.get_text(inst.url + path)
+                except (OSError, asyncio.TimeoutError):
+                    continue
+                if status == 200:
+                    texts.append(merge_prometheus(text, inst.instance_id))
+        return PlainTextResponse(merge_prometheus("\n".join(texts), None))
+
+    for path in INFO_PATHS:
+        app.add_api_route(path, _info_handler(front, path), methods=["GET"])
+    return app
+
+
+def _info_handler(front: Front, path: str):
+    async def handler():
+        status, body = await front.any_active(path)
+        return JSONResponse(body, status_code=status)
+
+    return handler
+
+
+def _check_registration(body: dict) -> tuple[str, str] | None:
+    if not isinstance(body.get("instance_id"), str) or not body["instance_id"]:
+        return "instance_id", "must be a non-empty string"
+    url = body.get("url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        return "url", "must be http://HOST:PORT"
+    if body.get("role") not in ("prefill", "decode", "null"):
+        return "role", "must be 'prefill', 'decode' or 'null'"
+    port = body.get("bootstrap_port")
+    if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536):
+        return "bootstrap_port", "must be a port number"
+    return None
+
+
+def _front_metrics(front: Front) -> str:
+    lines = [f"prorsa_front_{k}_total {v}" for k, v in sorted(front.relay.stats.items())]
+    lines.append(f"prorsa_front_decisions_total {front.loop.decisions}")
+    lines.append(f"prorsa_front_switches_total {len(front.orchestrator.history)}")
+    for inst in front.registry:
+        lab = f'instance="{inst.instance_id}",role="{inst.role}",state="{inst.state.value}"'
+        lines += [f"prorsa_instance_switches{{{lab}}} {inst.switches}",
+                  f"prorsa_instance_inflight_requests{{{lab}}} {inst.inflight}",
+                  f"prorsa_instance_kv_footprint_tokens{{{lab}}} {inst.kv_footprint_tokens}"]
+    return "\n".join(lines) + "\n"
+
+
+async def _refresh_forecast(control_plane: LifecycleControlPlane, interval_s: float = 0.25) -> None:
+    """Close forecast windows on time, in a worker thread (never on the serving event loop)."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await asyncio.to_thread(control_plane.tick)
+        except Exception:
+            logger.exception("lifecycle tick failed")

@@ -1,0 +1,128 @@
+"""The controller's background work: watch the instances, and every control interval turn the forecast into a
+target ratio (Eq. 1) and the planned switches into busy switches.
+
+Nothing here runs on a request's path: instance polls are background tasks with short timeouts, the forecast is
+computed in a worker thread, and a switch is awaited by the loop, not by any caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from sglang_prorsa.config import ProrsaConfig
+from sglang_prorsa.srt.controller.http import Http
+from sglang_prorsa.srt.controller.orchestrator import Orchestrator, SwitchRefused
+from sglang_prorsa.srt.controller.registry import Instance, Registry, State
+from sglang_prorsa.srt.lifecycle.control_plane import LifecycleControlPlane
+from sglang_prorsa.srt.role_switch.controller import ControllerConfig, RoleSwitchController
+from sglang_prorsa.srt.role_switch.planner import PlannerConfig
+from sglang_prorsa.srt.role_switch.throughput import ThroughputConfig, ThroughputEstimator
+from sglang_prorsa.srt.utils.clock import WallClock
+
+logger = logging.getLogger(__name__)
+
+POLL_EVERY_S = 1.0
+POLL_TIMEOUT_S = 5.0
+MISSED_CHECKS_UNHEALTHY = 3
+# Prefill speed to assume before any busy interval has been measured (tokens/s/instance); CPU-sized.
+PROFILED_THETA_P = 2000.0
+
+
+class ControlLoop:
+    def __init__(self, config: ProrsaConfig, registry: Registry, orchestrator: Orchestrator,
+                 control_plane: LifecycleControlPlane, http: Http) -> None:
+        self.config = config
+        self.registry = registry
+        self.orchestrator = orchestrator
+        self.control_plane = control_plane
+        self.http = http
+        clock = WallClock()
+        self.throughput = ThroughputEstimator(ThroughputConfig(profiled_theta=PROFILED_THETA_P), clock)
+        planner = PlannerConfig(min_dwell_s=config.prorsa_min_dwell_s, hysteresis=config.prorsa_hysteresis)
+        self.controller = RoleSwitchController(ControllerConfig(horizon_s=config.prorsa_horizon_s, planner=planner),
+                                               self.throughput, clock)
+        self.decisions = 0
+        self.busy_intervals = 0
+        self._tasks: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._poll_forever()))
+        if self.config.switching:
+            self._tasks.append(loop.create_task(self._control_forever()))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+
+    # -- watching instances -----------------------------------------------------------------------------------------
+    async def _poll_forever(self) -> None:
+        while True:
+            try:
+                await self.poll()
+            except Exception:
+                logger.exception("instance poll failed")
+            await asyncio.sleep(POLL_EVERY_S)
+
+    async def poll(self) -> None:
+        await asyncio.gather(*(self._poll_one(i) for i in self.registry
+                               if i.state not in (State.DEAD, State.STARTING)))
+
+    async def _poll_one(self, inst: Instance) -> None:
+        try:
+            status, st = await self.http.get(f"{inst.url}/prorsa/status?since={inst.busy_seq}",
+                                             timeout_s=POLL_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError) as e:
+            status, st = 0, {"error": str(e)}
+        if status != 200:
+            inst.missed_checks += 1
+            if inst.missed_checks >= MISSED_CHECKS_UNHEALTHY and inst.state is State.ACTIVE:
+                logger.warning("instance %s failed %d checks: unhealthy", inst.instance_id, inst.missed_checks)
+                self.registry.set_state(inst, State.UNHEALTHY)
+                await self.orchestrator.push_peers()
+            return
+        inst.missed_checks = 0
+        inst.last_seen = time.time()
+        inst.running, inst.queued = int(st.get("running", 0)), int(st.get("queued", 0))
+        inst.kv_footprint_tokens = int(st.get("kv_footprint_tokens", 0))
+        inst.kv_capacity_tokens = int(st.get("kv_capacity_tokens", 0))
+        inst.prefix_cache_tokens = int(st.get("prefix_cache_tokens", 0))
+        for interval in st.get("busy_intervals") or []:
+            inst.busy_seq = max(inst.busy_seq, int(interval["seq"]))
+            self.busy_intervals += 1
+        if inst.state is State.UNHEALTHY and st.get("role") == inst.role:
+            logger.info("instance %s answers again: active", inst.instance_id)
+            self.registry.set_state(inst, State.ACTIVE)
+            await self.orchestrator.push_peers()
+
+    # -- deciding -----------------------------------------------------------------------------------------------------
+    async def _control_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.control_interval_s)
+            try:
+                await self.tick()
+            except Exception:
+                logger.exception("control tick failed; retrying next interval")
+
+    async def tick(self) -> dict[str, Any]:
+        """Forecast -> Eq. 1 -> plan -> busy switches, once."""
+        forecast = await asyncio.to_thread(self.control_plane.forecast)
+        profile = self.throughput.profile_of(1024)
+        decision = self.controller.step(forecast.prefill_tokens, forecast.decode_kv_tokens, self.registry.reports(),
+                                        profile)
+        self.decisions += 1
+        executed = []
+        for sw in decision.plan.switches:
+            try:
+                executed.append(await self.orchestrator.switch(sw.instance_id, sw.dst.value))
+            except SwitchRefused as e:
+                logger.info("planned switch of %s skipped: %s", sw.instance_id, e)
+        return {"decision": decision.to_dict(), "forecast": forecast.to_dict(), "executed": executed}
+
+    def decision(self) -> dict[str, Any]:
+        return {"decision": self.controller.last_decision(), "theta_p": self.throughput.snapshot(),
+                "horizon_s": self.config.prorsa_horizon_s}
+

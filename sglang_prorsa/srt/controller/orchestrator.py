@@ -1,0 +1,124 @@
+"""Carry out one role change of a (busy) instance from the controller's side (paper Appendix C).
+
+1. *out of every pool*: DRAINING in the registry, pushed to every instance (no resume picks it) and to the front;
+   removed from the external router's pool, waiting until the router confirms;
+2. the instance's own switch (``POST /prorsa/switch_role``, ``srt/engine/switch.py``): its requests are taken off
+   and continued elsewhere by the instance itself, then it rebuilds its role (SWITCHING);
+3. *back into the pools* under the new role.
+
+Switches run one at a time; a control operation (weight update, pause, memory release; issue 13) holds them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from typing import Any
+
+from sglang_prorsa.srt.controller.http import Http
+from sglang_prorsa.srt.controller.registry import Registry, State
+from sglang_prorsa.srt.controller.router_pools import RouterPoolError, RouterPools
+from sglang_prorsa.srt.messages import Code
+
+logger = logging.getLogger(__name__)
+
+HISTORY = 1000
+SWITCH_TIMEOUT_S = 600.0
+
+
+class SwitchRefused(Exception):
+    def __init__(self, status: int, code: Code, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class Orchestrator:
+    def __init__(self, registry: Registry, http: Http, router: RouterPools | None = None) -> None:
+        self.registry = registry
+        self.http = http
+        self.router = router
+        self.lock = asyncio.Lock()  # one switch at a time; control operations take it too (issue 13)
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
+        self.held_by: str | None = None  # the control operation holding switches, if any
+
+    def check(self, instance_id: str, new_role: str) -> None:
+        inst = self.registry.get(instance_id)
+        if self.held_by is not None:
+            raise SwitchRefused(409, Code.CONTROL_OPERATION, f"switches are held during {self.held_by}")
+        if inst.state is not State.ACTIVE:
+            raise SwitchRefused(409, Code.NOT_ACTIVE, f"instance {instance_id} is {inst.state.value}")
+        if inst.role == new_role:
+            raise SwitchRefused(409, Code.ALREADY_IN_ROLE, f"instance {instance_id} is already {new_role}")
+        if inst.role not in ("prefill", "decode"):
+            raise SwitchRefused(409, Code.INVALID, f"instance {instance_id} is not a PD instance")
+        if not [i for i in self.registry.routable(inst.role) if i is not inst]:
+            raise SwitchRefused(409, Code.LAST_OF_ROLE,
+                                f"instance {instance_id} is the last routable {inst.role} instance")
+
+    async def switch(self, instance_id: str, new_role: str) -> dict[str, Any]:
+        async with self.lock:
+            self.check(instance_id, new_role)
+            inst = self.registry.get(instance_id)
+            old_role = inst.role
+            t0 = time.perf_counter()
+            self.registry.set_state(inst, State.DRAINING, target_role=new_role)
+            await self.push_peers()
+            try:
+                if self.router is not None:
+                    await self.router.remove(inst.url)
+                t_out = time.perf_counter()
+                self.registry.set_state(inst, State.SWITCHING, target_role=new_role)
+                status, body = await self.http.post(inst.url + "/prorsa/switch_role", {"new_role": new_role},
+                                                    timeout_s=SWITCH_TIMEOUT_S)
+                if status != 200:
+                    raise SwitchRefused(502, Code.UPSTREAM, f"switch_role on {instance_id} failed ({status}): {body}")
+                # Its transfer endpoints are new: every decode instance forgets the old ones (pushed with the new
+                # role while it is still out of the pools), and only then does it serve again.
+                inst.role, inst.epoch = new_role, inst.epoch + 1
+                await self.push_peers()
+                self.registry.set_role(inst, new_role)
+                await self.push_peers()
+                t_back = time.perf_counter()
+                if self.router is not None:
+                    await self.router.add(inst.url, new_role, inst.bootstrap_port)
+            except (SwitchRefused, RouterPoolError, OSError, asyncio.TimeoutError) as e:
+                self.registry.set_state(inst, State.UNHEALTHY)
+                await self.push_peers()
+                logger.error("switch of %s failed; instance marked unhealthy: %s", instance_id, e)
+                if isinstance(e, SwitchRefused):
+                    raise
+                raise SwitchRefused(502, Code.UPSTREAM, f"switch of {instance_id} failed: {e}") from e
+            timings = dict(body.get("timings") or {})
+            timings.update(controller_total_s=time.perf_counter() - t0, pools_out_s=t_out - t0,
+                           pools_in_s=time.perf_counter() - t_back)
+            inst.last_switch_s = timings["controller_total_s"]
+            out = {"instance": instance_id, "old_role": old_role, "new_role": new_role, "time": time.time(),
+                   "taken": body.get("taken", 0), "sweeps": body.get("sweeps", 0),
+                   "released_elsewhere": body.get("released_elsewhere", {}),
+                   "persisted_bytes": body.get("persisted_bytes", 0), "timings": timings}
+            self.history.append(out)
+            logger.info("switched %s %s -> %s in %.2f s (%d requests taken off)", instance_id, old_role, new_role,
+                        timings["controller_total_s"], out["taken"])
+            return out
+
+    async def sync_router(self) -> None:
+        """At start-up: the external router's pools hold exactly our active PD instances, each in its role's pool."""
+        if self.router is None:
+            return
+        for inst in self.registry:
+            if inst.state is State.ACTIVE and inst.role in ("prefill", "decode"):
+                await self.router.remove(inst.url)  # it may be listed under the other role from an earlier run
+                await self.router.add(inst.url, inst.role, inst.bootstrap_port)
+
+    async def push_peers(self) -> None:
+        """Every instance learns the registry (where resumed requests may go) before anything else happens."""
+        payload = self.registry.peers_payload()
+        targets = [i for i in self.registry if i.state not in (State.DEAD, State.STARTING)]
+        results = await asyncio.gather(*(self.http.post(i.url + "/prorsa/peers", payload, timeout_s=10)
+                                         for i in targets), return_exceptions=True)
+        for inst, r in zip(targets, results):
+            if isinstance(r, BaseException) or r[0] != 200:
+                logger.warning("peer list not delivered to %s: %s", inst.instance_id, r)

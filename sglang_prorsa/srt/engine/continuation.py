@@ -1,0 +1,189 @@
+"""Continue one request on another prefill+decode pair, from the tokens it already has (paper Appendix C).
+
+Runs in the instance that holds the request's caller (its tokenizer manager), so the caller -- an HTTP client, a
+router, an OpenAI-style route, or an in-process ``generate_request`` -- sees one response. Steps:
+
+1. pick a pair from this instance's peer view;
+2. load the persisted prefix into the prefill instance's prefix cache (``/prorsa/kv/load``, held until the request
+   arrives there), so at most one page is computed again;
+3. send both halves with ``input_ids`` = prompt + tokens so far and the remaining budget, the decode half streaming;
+4. stitch each output onto what the caller has (``stitch.py``) and pass it on.
+
+If the continuation fails (its instance died, refused, or answered an error), the request is sent again from the
+tokens it has by then, without KV (recomputed), on another pair; a continuation that is itself moved by a switch is
+continued by the instance holding it, so this one just keeps reading its stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+from typing import Any, AsyncIterator
+
+import aiohttp
+import orjson
+
+from sglang_prorsa.srt.engine.peers import NoPair, Peer
+from sglang_prorsa.srt.engine.stitch import Kept, Stitcher
+from sglang_prorsa.srt.messages import Code, MigratedRequest
+
+logger = logging.getLogger(__name__)
+
+ROLE_HEADER = "X-Prorsa-Role"  # which half of a PD pair a request is (our front and resumes send it)
+RESUME_HEADER = "X-Prorsa-Resume"  # a continuation, not a new request (the lifecycle must not count it again)
+MAX_MOVES = 8
+# Request fields a continuation carries over from the original (others are set here or meaningless for it).
+_CARRIED = ("return_logprob", "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs", "lora_path",
+            "custom_logit_processor", "return_hidden_states", "priority")
+
+
+class ResumeFailed(RuntimeError):
+    pass
+
+
+def continuation_rid() -> str:
+    # Fixed length and never a prefix of another id: SGLang's abort matches rids by prefix.
+    return "prorsa-" + uuid.uuid4().hex
+
+
+def remaining_sampling(original: dict[str, Any], record: MigratedRequest, produced: int) -> dict[str, Any]:
+    """The caller's sampling parameters with the budget left after ``produced`` tokens."""
+    out = dict(original or {})
+    budget = record.sampling_params.get("max_new_tokens")
+    if budget is not None:  # the scheduler's own remaining budget when the record was made
+        budget += len(record.output_ids)
+    elif out.get("max_new_tokens") is not None:
+        budget = int(out["max_new_tokens"])
+    if budget is not None:
+        out["max_new_tokens"] = max(0, budget - produced)
+    if out.get("min_new_tokens"):
+        out["min_new_tokens"] = max(0, int(out["min_new_tokens"]) - produced)
+    return out
+
+
+class Continuation:
+    def __init__(self, side: Any, obj: Any, record: MigratedRequest, stitcher: Stitcher, headers: dict[str, str]):
+        self.side = side
+        self.obj = obj
+        self.record = record
+        self.stitcher = stitcher
+        self.headers = headers
+        self.kv_tokens = record.kv_tokens  # usable only on the first move; later moves recompute
+        self.moves = 0
+
+    async def run(self) -> AsyncIterator[dict[str, Any]]:
+        failures: list[str] = []
+        while self.moves < MAX_MOVES:
+            produced = len(self.stitcher.ids)
+            sampling = remaining_sampling(self.obj.sampling_params, self.record, produced)
+            if sampling.get("max_new_tokens") == 0:
+                yield self.stitcher.final_without_continuation(
+                    {"type": "length", "length": produced})
+                return
+            try:
+                prefill, decode = self.side.peers.pick_pair()
+            except NoPair as e:
+                failures.append(str(e))
+                await asyncio.sleep(min(2.0, 0.1 * 2 ** len(failures)))  # a switch may be bringing one back
+                self.moves += 1
+                continue
+            self.moves += 1
+            async for out in self._attempt(prefill, decode, sampling, failures):
+                yield out
+            if self.stitcher.finished:
+                return
+            self.stitcher.rebase()  # continue from what this attempt produced
+        raise ResumeFailed(f"request {self.stitcher.rid} could not be continued after {self.moves} moves: "
+                           f"{failures[-3:]}")
+
+    async def _attempt(self, prefill: Peer, decode: Peer, sampling: dict[str, Any],
+                       failures: list[str]) -> AsyncIterator[dict[str, Any]]:
+        side = self.side
+        rid = continuation_rid()
+        ids = list(self.record.input_ids) + list(self.stitcher.ids)
+        move = {"from_instance": side.instance_id, "rid": rid, "stage": self.record.stage.value,
+                "kv_tokens": self.kv_tokens, "tokens_kept": len(self.stitcher.ids),
+                "to_prefill": prefill.instance_id, "to_decode": decode.instance_id}
+        self.stitcher.migrations.append(move)
+        side.peers.acquire(prefill, decode)
+        try:
+            if self.kv_tokens > 0:
+                move.update(await side.load_prefix(prefill, ids[: self.kv_tokens], self.record, rid))
+            self.kv_tokens = 0
+            body = {k: getattr(self.obj, k) for k in _CARRIED if getattr(self.obj, k, None) is not None}
+            body.update(input_ids=ids, sampling_params=sampling, stream=True, rid=rid,
+                        bootstrap_host=prefill.bootstrap_host, bootstrap_port=prefill.bootstrap_port,
+                        bootstrap_room=random.getrandbits(63))
+            if body.get("return_logprob"):
+                body["logprob_start_len"] = -1  # input logprobs were the first attempt's; only new tokens here
+            raw = orjson.dumps(body)
+            prefill_task = asyncio.ensure_future(side.post_raw(prefill.url + "/generate", raw,
+                                                               self._headers("prefill")))
+            finished = False
+            try:
+                async for chunk in side.stream(decode.url + "/generate", raw, self._headers("decode")):
+                    if "error" in chunk:
+                        raise ResumeFailed(f"decode {decode.instance_id}: {chunk['error']}")
+                    if "cached_tokens" not in move:  # how much of the resumed prompt was not computed again
+                        move["cached_tokens"] = (chunk.get("meta_info") or {}).get("cached_tokens")
+                    out = self.stitcher.update(chunk)
+                    if out is not None:
+                        yield out
+                    if self.stitcher.finished:
+                        finished = True
+                        if self.stitcher.straddle_stop:  # we matched a stop string the continuation cannot see
+                            await side.abort_on((decode, prefill), rid)
+                        break
+            finally:
+                if not finished:
+                    await side.abort_on((decode, prefill), rid)
+                await _settle(prefill_task)
+            if not finished:
+                raise ResumeFailed(f"decode {decode.instance_id} ended the stream without finishing")
+        except (ResumeFailed, aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            failures.append(f"{type(e).__name__}: {e}")
+            move["failed"] = str(e)[:300]
+            logger.warning("continuation %s of %s on %s+%s failed: %s", rid, self.stitcher.rid,
+                           prefill.instance_id, decode.instance_id, e)
+            side.counters["resume_attempts_failed"] += 1
+        finally:
+            side.peers.release(prefill, decode)
+
+    def _headers(self, role: str) -> dict[str, str]:
+        return {**self.headers, ROLE_HEADER: role, RESUME_HEADER: "1", "Content-Type": "application/json"}
+
+
+async def _settle(task: asyncio.Future) -> None:
+    try:
+        await asyncio.wait_for(asyncio.shield(task), 30)
+    except Exception:
+        task.cancel()
+
+
+def handed_on_output(rid: str, prompt_tokens: int) -> dict[str, Any]:
+    """A prefill half whose request moved to another pair: answered, successfully, with nothing to add (the decode
+    half holds the caller; a router reading this half only looks for input logprobs)."""
+    return {"text": "", "output_ids": [], "meta_info": {
+        "id": rid, "finish_reason": {"type": "abort", "message": "prorsa: handed on to another pair",
+                                     "err_type": Code.HANDED_ON.value},
+        "prompt_tokens": prompt_tokens, "completion_tokens": 0, "cached_tokens": 0,
+        "input_token_logprobs": [], "output_token_logprobs": [], "prorsa": {"handed_on": True}}}
+
+
+def kept_from(record: MigratedRequest, state: Any, last_out: dict[str, Any] | None, delivered: tuple[int, int]) -> Kept:
+    """What the continuation keeps: the record's tokens, their logprobs from the tokenizer manager's state."""
+    k = len(record.output_ids)
+    per_token: dict[str, list] = {}
+    meta = (last_out or {}).get("meta_info") or {}
+    for key in ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs"):
+        values = meta.get(key) if key in meta else getattr(state, key, None)
+        if values:
+            per_token[key] = list(values)[:k]
+        elif getattr(state.obj, "return_logprob", False) and key == "output_token_logprobs":
+            per_token[key] = []
+    base = {key: meta[key] for key in ("cached_tokens",) if key in meta}
+    return Kept(prompt_tokens=len(record.input_ids), ids=list(record.output_ids), per_token=per_token,
+                weight_spans=list(record.weight_versions), base_meta=base, delivered_ids=delivered[0],
+                delivered_text=delivered[1])

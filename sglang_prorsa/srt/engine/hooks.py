@@ -1,0 +1,177 @@
+"""The two places the engine extension joins SGLang's tokenizer manager (registered in ``srt/overrides.py``).
+
+``generate_request`` (every generation caller: ``/generate``, the OpenAI routes, in-process callers) passes
+through unchanged unless this instance will not serve the request (a switch is running, admission is closed, or the
+request names the other role): then it is handed on at arrival.
+
+``_stream_one_response`` (one request's outputs, streamed or not, single or batch) passes outputs through until
+the request ends with an abort for which the scheduler pushed a record: then the request is continued elsewhere
+and the caller gets the stitched outputs instead of the abort (``EngineSide.resume``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from typing import Any
+
+from sglang_prorsa.srt.engine.continuation import RESUME_HEADER, ROLE_HEADER
+from sglang_prorsa.srt.engine.side import EngineSide, forwarded_headers
+from sglang_prorsa.srt.lifecycle.events import MAX_ID_CHARS
+from sglang_prorsa.srt.messages import Code
+
+logger = logging.getLogger(__name__)
+
+ENGINE: EngineSide | None = None  # set once per instance process by srt/engine/server.py
+
+
+class _Entry:
+    """One generation request between arrival and reaching the scheduler (counted for a switch's quiet check)."""
+
+    def __init__(self, side: EngineSide) -> None:
+        self.side = side
+        self.open = True
+        side.entering += 1
+
+    def close(self) -> None:
+        if self.open:
+            self.open = False
+            self.side.entering -= 1
+
+
+_ENTRY: contextvars.ContextVar[_Entry | None] = contextvars.ContextVar("prorsa_entry", default=None)
+
+
+def _header(request: Any, name: str) -> str | None:
+    return request.headers.get(name) if request is not None else None
+
+
+def wrap_generate_request(original):
+    async def generate_request(self, obj, request=None):
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        side = ENGINE
+        if side is None or not isinstance(obj, GenerateReqInput):
+            async for out in original(self, obj, request):
+                yield out
+            return
+        if side.rebuilding:  # the scheduler is mid-rebuild: nothing reaches it until its new role is up
+            await side.rebuilt()
+        role = _header(request, ROLE_HEADER)
+        if _single(obj) and side.role in ("prefill", "decode") and (
+                not side.admitting or (role is not None and role != side.role)):
+            obj.normalize_batch_and_arguments()
+            async for out in side.hand_on_at_arrival(obj, request, role):
+                yield out
+            return
+        entry = _Entry(side)
+        _ENTRY.set(entry)  # this task's context: the generator may be finalised elsewhere, so it is never reset
+        try:
+            async for out in original(self, obj, request):
+                yield out
+        finally:
+            entry.close()
+
+    return generate_request
+
+
+def _single(obj: Any) -> bool:
+    """One prompt, one sample (checked before SGLang normalises the request, which must happen only once)."""
+    sp = obj.sampling_params if isinstance(obj.sampling_params, dict) else {}
+    ids = obj.input_ids
+    one_prompt = isinstance(obj.text, str) or (isinstance(ids, list) and bool(ids) and isinstance(ids[0], int))
+    return one_prompt and obj.input_embeds is None and int(sp.get("n", 1) or 1) == 1
+
+
+def trajectory_of(request: Any) -> str | None:
+    """The trajectory id a request carries: ``X-Trajectory-Id``, else sglang-router's ``X-SMG-Routing-Key`` (the
+    instance's middleware moves a ``trajectory_id`` body field into the first)."""
+    if request is None:
+        return None
+    for name in ("x-trajectory-id", "x-smg-routing-key"):
+        value = request.headers.get(name)
+        if value and len(value) <= MAX_ID_CHARS:
+            return value
+    return None
+
+
+def _is_final_abort(out: dict) -> bool:
+    reason = (out.get("meta_info") or {}).get("finish_reason")
+    return isinstance(reason, dict) and reason.get("type") == "abort"
+
+
+def _ours(out: dict) -> bool:
+    reason = (out.get("meta_info") or {}).get("finish_reason") or {}
+    return reason.get("err_type") in (Code.MIGRATED.value, Code.HANDED_ON.value)
+
+
+def wrap_stream_one_response(original):
+    async def _stream_one_response(self, obj, state, request=None):
+        side = ENGINE
+        entry = _ENTRY.get()
+        if entry is not None:
+            entry.close()  # the request is with the scheduler now
+        if side is None:
+            async for out in original(self, obj, state, request):
+                yield out
+            return
+        report = side.events.enabled and side.role != "prefill" and _header(request, RESUME_HEADER) is None
+        tid = trajectory_of(request) if report else None
+        if tid:
+            side.events.arrived(tid, _prompt_tokens(self, obj), _prefill_of(side, obj))
+        ids = text = 0  # what the caller has received so far (streaming)
+        first = True
+        try:
+            async for out in original(self, obj, state, request):
+                if state.finished and _is_final_abort(out):
+                    record = side.book.claim(obj.rid)
+                    if record is not None:
+                        async for resumed in side.resume(obj, state, record, out, (ids, text),
+                                                         forwarded_headers(request)):
+                            yield resumed
+                        if tid:
+                            side.events.decoded(tid)
+                        return
+                    if _ours(out):
+                        logger.error("request %s was taken off without a record; answering its abort", obj.rid)
+                if first and tid:
+                    side.events.prefilled(tid, _prefill_of(side, obj))
+                    first = False
+                ids, text = _delivered(out, ids, text, bool(self.incremental_streaming_output))
+                yield out
+        except Exception as e:  # SGLang raises for aborts that carry an HTTP status (a failed KV transfer, ...)
+            if not _is_abort_exception(e):
+                raise
+            record = side.book.claim(obj.rid)
+            if record is None:
+                raise
+            async for resumed in side.resume(obj, state, record, None, (ids, text), forwarded_headers(request)):
+                yield resumed
+        if tid:
+            side.events.decoded(tid)
+
+    return _stream_one_response
+
+
+def _is_abort_exception(e: BaseException) -> bool:
+    import fastapi
+
+    return isinstance(e, (fastapi.HTTPException, ValueError))
+
+
+def _delivered(out: dict, ids: int, text: int, incremental: bool) -> tuple[int, int]:
+    n_ids, n_text = len(out.get("output_ids") or []), len(out.get("text") or "")
+    return (ids + n_ids, text + n_text) if incremental else (n_ids, n_text)
+
+
+def _prompt_tokens(tm: Any, obj: Any) -> int:
+    if obj.input_ids is not None:
+        return len(obj.input_ids)
+    if isinstance(obj.text, str) and tm.tokenizer is not None:
+        return len(tm.tokenizer.encode(obj.text))
+    return 0
+
+
+def _prefill_of(side: EngineSide, obj: Any) -> str:
+    peer = side.peers.by_bootstrap(obj.bootstrap_host, obj.bootstrap_port)
+    return peer.instance_id if peer is not None else side.instance_id

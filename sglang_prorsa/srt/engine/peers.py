@@ -1,0 +1,89 @@
+"""This instance's view of the other instances (pushed by the controller): where a resumed request can go."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+
+@dataclass(frozen=True)
+class Peer:
+    instance_id: str
+    url: str
+    role: str  # prefill | decode | null
+    status: str  # active | draining | switching | unhealthy | dead
+    bootstrap_host: str = "127.0.0.1"
+    bootstrap_port: int | None = None
+    epoch: int = 0  # changes when the peer's transfer endpoints do (role rebuild, restart)
+
+    @property
+    def active(self) -> bool:
+        return self.status == "active"
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Peer:
+        return cls(instance_id=str(d["instance_id"]), url=str(d["url"]).rstrip("/"), role=str(d["role"]),
+                   status=str(d.get("status", "active")), bootstrap_host=str(d.get("bootstrap_host", "127.0.0.1")),
+                   bootstrap_port=d.get("bootstrap_port"), epoch=int(d.get("epoch", 0)))
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+class NoPair(RuntimeError):
+    pass
+
+
+class PeerView:
+    """Peers by id, with the continuations this instance has in flight on each (its own load signal)."""
+
+    def __init__(self, self_id: str) -> None:
+        self.self_id = self_id
+        self.peers: dict[str, Peer] = {}
+        self.inflight: dict[str, int] = {}
+        self.version = 0
+
+    def update(self, peers: Iterable[Peer], version: int | None = None) -> list[Peer]:
+        """Replace the view; returns the peers whose transfer endpoints changed (new role or restart)."""
+        new = {p.instance_id: p for p in peers}
+        changed = [p for i, p in new.items() if i in self.peers and self.peers[i].epoch != p.epoch]
+        self.peers = new
+        self.version = self.version + 1 if version is None else version
+        return changed
+
+    def mark(self, instance_id: str, status: str) -> None:
+        """Our own observation (a peer refused or did not answer): avoid it until the next push."""
+        p = self.peers.get(instance_id)
+        if p is not None:
+            self.peers[instance_id] = Peer(**{**vars(p), "status": status})
+
+    def pick(self, role: str, exclude: set[str] = frozenset()) -> Peer:
+        cands = [p for p in self.peers.values()
+                 if p.role == role and p.active and p.instance_id not in exclude and p.instance_id != self.self_id]
+        if not cands:
+            raise NoPair(f"no active {role} peer to continue on")
+        return min(cands, key=lambda p: (self.inflight.get(p.instance_id, 0), p.instance_id))
+
+    def pick_pair(self, exclude: set[str] = frozenset()) -> tuple[Peer, Peer]:
+        return self.pick("prefill", exclude), self.pick("decode", exclude)
+
+    def by_bootstrap(self, host: str | None, port: int | None) -> Peer | None:
+        for p in self.peers.values():
+            if p.bootstrap_port == port and p.bootstrap_host == host:
+                return p
+        return None
+
+    def of_role(self, role: str) -> list[Peer]:
+        return [p for p in self.peers.values() if p.role == role and p.instance_id != self.self_id]
+
+    def acquire(self, *peers: Peer) -> None:
+        for p in peers:
+            self.inflight[p.instance_id] = self.inflight.get(p.instance_id, 0) + 1
+
+    def release(self, *peers: Peer) -> None:
+        for p in peers:
+            n = self.inflight.get(p.instance_id, 0) - 1
+            if n > 0:
+                self.inflight[p.instance_id] = n
+            else:
+                self.inflight.pop(p.instance_id, None)

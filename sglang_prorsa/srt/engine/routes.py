@@ -1,0 +1,179 @@
+"""HTTP routes one engine instance adds beside SGLang's own (every instance stays a complete SGLang server).
+
+    POST /prorsa/switch_role {"new_role", "timeout_s"?}   this instance's side of a busy switch (``switch.py``)
+    POST /prorsa/migrate_out                             one sweep without a rebuild: requests here continue elsewhere
+    POST /prorsa/admission {"accept": bool}              stop (or resume) serving new requests here: hand them on
+    POST /prorsa/release {"rooms": [int], "only_not_started"?}   the other halves of these PD pairs moved: take ours
+                                                         off (a prefill instance may keep those it began)
+    POST /prorsa/expect {"rooms": [int]}                 the other halves are about to move: book records for ours
+    POST /prorsa/kv/load {"token_ids", "keys", "block_tokens", "hold_for_rid"?}   load a persisted prefix
+    POST /prorsa/peers {"instances": [...], "version"?}  the controller's registry, for continuing requests
+    GET  /prorsa/status                                  role, idle, loads, KV, counters, busy intervals, engine state
+    GET  /prorsa/metrics                                 the same in Prometheus text
+
+Errors are ``{"error": ..., "code": ..., "field"?: ...}`` with a typed ``code`` (``srt/messages.Code``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from sglang_prorsa.srt.engine.peers import Peer
+from sglang_prorsa.srt.engine.side import EngineSide
+from sglang_prorsa.srt.engine.switch import SwitchFailed, SwitchJob
+from sglang_prorsa.srt.entrypoints.http_utils import coded_error, field_error, json_object
+from sglang_prorsa.srt.messages import ChannelError, Code, LoadPrefix, Status
+from sglang_prorsa.srt.scheduler.counters import prometheus_text
+
+logger = logging.getLogger(__name__)
+
+ROLES = ("prefill", "decode")
+
+
+def _non_negative_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/prorsa/switch_role")
+    async def switch_role(request: Request):
+        body = await json_object(request)
+        if isinstance(body, JSONResponse):
+            return body
+        new_role = body.get("new_role")
+        if new_role not in ROLES:
+            return field_error("new_role", f"must be one of {list(ROLES)}, got {new_role!r}")
+        timeout_s = body.get("timeout_s", 300)
+        if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool) or not 0 < timeout_s <= 3600:
+            return field_error("timeout_s", "must be a number of seconds in (0, 3600]")
+        if side.switch is not None:
+            return coded_error(409, Code.SWITCHING, "a switch is already running on this instance")
+        if side.role == new_role:
+            return coded_error(409, Code.ALREADY_IN_ROLE, f"instance is already {new_role}", field="new_role")
+        job = side.switch = SwitchJob(side, new_role, float(timeout_s), cpu)
+        try:
+            report = await job.run()
+        except SwitchFailed as e:
+            return coded_error(e.status, Code.UPSTREAM, f"switch failed: {e}", detail=job.report())
+        except (ChannelError, TimeoutError) as e:
+            return coded_error(503, Code.TIMEOUT, f"switch failed: {e}", detail=job.report())
+        finally:
+            side.switch = None
+        side.switches += 1
+        side.last_switch = report
+        return JSONResponse(report)
+
+    @router.post("/prorsa/migrate_out")
+    async def migrate_out():
+        if side.switch is not None:
+            return coded_error(409, Code.SWITCHING, "a switch is running on this instance")
+        side.admitting = False  # stays closed until POST /prorsa/admission {"accept": true}
+        job = SwitchJob(side, new_role=side.role, timeout_s=60, cpu=cpu)
+        persist_s = await job.sweep()
+        taken = set(job.taken)
+        records = [r.to_json() for r in side.book.recent if r.rid in taken]
+        return JSONResponse({"role": side.role, "requests": records, "persist_s": persist_s,
+                             "persisted_bytes": job.persisted_bytes, "released_elsewhere": job.report()[
+                                 "released_elsewhere"]})
+
+    @router.post("/prorsa/admission")
+    async def admission(request: Request):
+        body = await json_object(request)
+        if isinstance(body, JSONResponse):
+            return body
+        accept = body.get("accept")
+        if not isinstance(accept, bool):
+            return field_error("accept", "must be true or false")
+        if side.switch is not None:
+            return coded_error(409, Code.SWITCHING, "a switch is running; admission resumes when it ends")
+        side.admitting = accept
+        return JSONResponse({"admitting": side.admitting})
+
+    @router.post("/prorsa/release")
+    async def release(request: Request):
+        body = await json_object(request)
+        if isinstance(body, JSONResponse):
+            return body
+        rooms, only = body.get("rooms"), body.get("only_not_started", False)
+        if not isinstance(rooms, list) or not all(_non_negative_int(r) for r in rooms):
+            return field_error("rooms", "must be a list of non-negative integers (bootstrap rooms)")
+        if not isinstance(only, bool):
+            return field_error("only_not_started", "must be true or false")
+        rids, taken = await side.release_here(rooms, only)
+        return JSONResponse({"released": rids, "rooms": taken})
+
+    @router.post("/prorsa/expect")
+    async def expect(request: Request):
+        body = await json_object(request)
+        if isinstance(body, JSONResponse):
+            return body
+        rooms = body.get("rooms")
+        if not isinstance(rooms, list) or not all(_non_negative_int(r) for r in rooms):
+            return field_error("rooms", "must be a list of non-negative integers (bootstrap rooms)")
+        return JSONResponse({"expected": await side.expect_here(rooms)})
+
+    @router.post("/prorsa/kv/load")
+    async def kv_load(request: Request):
+        body = await json_object(request)
+        if isinstance(body, JSONResponse):
+            return body
+        ids, keys, bt = body.get("token_ids"), body.get("keys"), body.get("block_tokens")
+        hold = body.get("hold_for_rid", "")
+        if not isinstance(ids, list) or not all(_non_negative_int(t) for t in ids):
+            return field_error("token_ids", "must be a list of non-negative integers")
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            return field_error("keys", "must be a list of strings")
+        if not isinstance(bt, int) or isinstance(bt, bool) or bt <= 0:
+            return field_error("block_tokens", "must be a positive integer")
+        if len(keys) < -(-len(ids) // bt):
+            return field_error("keys", f"{len(keys)} keys cannot cover {len(ids)} tokens in blocks of {bt}")
+        if not isinstance(hold, str):
+            return field_error("hold_for_rid", "must be a string (the rid of the request that will use it)")
+        r = await side.channel.call(LoadPrefix(token_ids=ids, keys=keys, block_tokens=bt, hold_for_rid=hold))
+        return JSONResponse(vars(r))
+
+    @router.post("/prorsa/peers")
+    async def peers(request: Request):
+        body = await json_object(request)
+        if isinstance(body, JSONResponse):
+            return body
+        items, version = body.get("instances"), body.get("version")
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            return field_error("instances", "must be a list of objects")
+        try:
+            parsed = [Peer.from_json(i) for i in items]
+        except (KeyError, TypeError, ValueError) as e:
+            return field_error("instances", f"each needs instance_id, url, role ({e})")
+        if version is not None and not _non_negative_int(version):
+            return field_error("version", "must be a non-negative integer")
+        changed = side.peers.update(parsed, version)
+        forgotten = await side.forget_prefills(changed)
+        return JSONResponse({"peers": len(parsed), "version": side.peers.version, "forgotten": forgotten})
+
+    @router.get("/prorsa/status")
+    async def status(since: int = -1):
+        st = await side.channel.call(Status(since=since))
+        d = dict(vars(st))
+        d["busy_intervals"] = [vars(i) for i in st.busy_intervals]
+        d["instance"] = side.instance_id
+        d.update(side.status())
+        return JSONResponse(d)
+
+    @router.get("/prorsa/metrics")
+    async def metrics():
+        st = await side.channel.call(Status())
+        counters = {**st.counters, **{k: float(v) for k, v in side.counters.items()},
+                    "switches": side.switches, "lifecycle_events_dropped": side.events.dropped}
+        gauges = {"kv_footprint_tokens": st.kv_footprint_tokens, "kv_capacity_tokens": st.kv_capacity_tokens,
+                  "prefix_cache_tokens": st.prefix_cache_tokens, "running_requests": st.running,
+                  "queued_requests": st.queued, "idle": int(st.idle), "resuming_requests": side.resuming}
+        return PlainTextResponse(prometheus_text(side.instance_id, st.role, counters, gauges))
+
+    return router
+

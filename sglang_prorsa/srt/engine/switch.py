@@ -1,0 +1,132 @@
+"""``SwitchJob``: this instance's side of one busy role switch (paper Appendix C), and the one owner of its state.
+
+The controller has already taken the instance out of every routing pool. Then, until the scheduler is quiet:
+
+1. *inventory*: which requests have their KV here, which are queued (with their PD rooms);
+2. *release the other halves* of the queued ones: on a decode instance, their prefill halves (they answer as handed
+   on instead of transferring); on a prefill instance, their decode halves (each decode instance takes its half off
+   and its holder continues the request elsewhere);
+3. *migrate out*: the scheduler pushes a record for each request it takes off and aborts it; on this instance the
+   tokenizer manager continues each decode request on another pair from its persisted KV (``hooks.py``,
+   ``continuation.py``), and answers each prefill half as handed on;
+4. when quiet (scheduler idle, nothing on its way in), *rebuild* the role through SGLang's own teardown/init
+   (weights stay resident).
+
+Requests arriving meanwhile are handed on at arrival (``EngineSide.hand_on_at_arrival``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from sglang_prorsa.srt.messages import Inventory, MigrateOut, Status
+
+logger = logging.getLogger(__name__)
+
+QUIET_POLL_S = 0.02
+SWEEP_EVERY_S = 0.5  # a straggler that reached the scheduler after the last sweep is taken off within this
+
+
+class SwitchFailed(RuntimeError):
+    def __init__(self, message: str, status: int = 502) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class SwitchJob:
+    def __init__(self, side: Any, new_role: str, timeout_s: float, cpu: bool) -> None:
+        self.side = side
+        self.new_role = new_role
+        self.old_role = side.role
+        self.timeout_s = timeout_s
+        self.cpu = cpu
+        self.taken: list[str] = []  # rids taken off here (continued elsewhere, or handed on)
+        self.released: dict[str, list[int]] = {}  # peer id -> rooms whose other half was released there
+        self.sweeps = 0
+        self.persisted_bytes = 0
+        self.timings: dict[str, float] = {}
+
+    async def run(self) -> dict[str, Any]:
+        side = self.side
+        t0 = time.perf_counter()
+        side.admitting = False
+        try:
+            persist_s = await self._sweep_until_quiet(t0)
+            t_quiet = time.perf_counter()
+            await self._rebuild()
+            t_done = time.perf_counter()
+        finally:
+            side.admitting = True
+        self.timings = {"quiesce_s": t_quiet - t0 - persist_s, "persist_s": persist_s,
+                        "rebuild_s": t_done - t_quiet, "total_s": t_done - t0}
+        return self.report()
+
+    def report(self) -> dict[str, Any]:
+        return {"old_role": self.old_role, "new_role": self.new_role, "taken": len(self.taken),
+                "sweeps": self.sweeps, "released_elsewhere": {k: len(v) for k, v in self.released.items()},
+                "persisted_bytes": self.persisted_bytes, "timings": self.timings}
+
+    async def _sweep_until_quiet(self, t0: float) -> float:
+        persist_s = 0.0
+        while True:
+            persist_s += await self.sweep()
+            deadline = time.perf_counter() + SWEEP_EVERY_S
+            while time.perf_counter() < deadline:
+                if await self._quiet():
+                    return persist_s
+                await asyncio.sleep(QUIET_POLL_S)
+            if time.perf_counter() - t0 > self.timeout_s:
+                raise SwitchFailed(f"instance did not quiesce within {self.timeout_s} s", status=503)
+
+    async def sweep(self) -> float:
+        """One pass of steps 1-3; returns the scheduler's persist time.
+
+        The prefill side of each pair decides which queued requests move (only it knows whether their prefill
+        began), so none is prefilled twice; both sides book a record before either half can fail."""
+        side = self.side
+        self.sweeps += 1
+        inv = await side.channel.call(Inventory())
+        side.expect_queued(inv.queued, inv.role)
+        rooms = [q.bootstrap_room for q in inv.queued if q.bootstrap_room is not None]
+        if inv.role == "decode":
+            released = await side.release_prefill_halves(inv.queued)  # taken there only if their prefill had not begun
+            taken_there = {room for rs in released.values() for room in rs}
+            move = frozenset(q.rid for q in inv.queued if q.bootstrap_room in taken_there)
+            if not move and not inv.with_kv:
+                return 0.0
+            res = await side.channel.call(MigrateOut(queued_rids=move, reason=f"switch to {self.new_role}"))
+        else:
+            if not rooms:
+                return 0.0
+            await side.expect_decode_halves(rooms)
+            res = await side.channel.call(MigrateOut(queued_rids=frozenset(q.rid for q in inv.queued),
+                                                     reason=f"switch to {self.new_role}"))
+            released = await side.release_decode_halves(res.rooms)
+        for peer, rs in released.items():
+            self.released.setdefault(peer, []).extend(rs)
+        self.taken += res.rids
+        self.persisted_bytes += res.persisted_bytes
+        return res.persist_s
+
+    async def _quiet(self) -> bool:
+        st = await self.side.channel.call(Status())
+        return st.idle and self.side.entering == 0
+
+    async def _rebuild(self) -> None:
+        from sglang.srt.managers.io_struct import PdRoleSwitchReqInput
+
+        side = self.side
+        side.set_rebuilding(True)
+        try:
+            req = PdRoleSwitchReqInput(new_role=self.new_role)
+            if self.cpu and self.new_role == "decode":
+                req.decode_cuda_graph_memory_gb = 0  # SGLang refuses the CPU flip to decode without it
+            out = await side.tm.pd_role_switch(req)
+        finally:
+            side.set_rebuilding(False)
+        if not out.success:
+            raise SwitchFailed(f"SGLang refused the role rebuild: {out.message}",
+                               status=409 if out.safe_to_restore else 502)

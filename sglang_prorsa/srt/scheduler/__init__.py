@@ -1,0 +1,1 @@
+"""What runs inside SGLang's scheduler process: our extension of the scheduler (busy switch, prefix load, counters)."""

@@ -1,0 +1,77 @@
+"""Per-instance counters kept in the scheduler process, reported as JSON and as Prometheus text.
+
+Busy intervals feed θ (paper §4.2): an interval runs from the first step with work on an idle instance until the
+instance is idle again; ``new_tokens`` are the prompt tokens the model actually ran in extend (prefill) passes, so
+tokens loaded from the store or matched in the prefix cache are not in them (they are in ``cached_tokens``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict, deque
+from typing import Any, Iterable
+
+from sglang_prorsa.srt.messages import BusyInterval
+
+MAX_KEPT_INTERVALS = 256  # the most recent completed intervals, numbered; a reader asks for those after its last
+
+
+class InstanceCounters:
+    def __init__(self) -> None:
+        self._c: dict[str, float] = defaultdict(float)
+        self._busy_since: float | None = None
+        self._new = self._cached = self._requests = 0
+        self._seen: set[str] = set()
+        self._done: deque[BusyInterval] = deque(maxlen=MAX_KEPT_INTERVALS)
+        self._seq = 0
+
+    def add(self, name: str, value: float = 1) -> None:
+        self._c[name] += value
+
+    def observe_extend(self, new_tokens: int, reqs: Iterable[Any]) -> None:
+        """One extend (prefill) pass: ``new_tokens`` computed; each request counts once per interval."""
+        self._c["prompt_tokens_computed"] += new_tokens
+        self._new += new_tokens
+        for req in reqs:
+            if req.rid not in self._seen:
+                self._seen.add(req.rid)
+                self._cached += int(getattr(req, "cached_tokens", 0) or 0)
+                self._requests += 1
+
+    def observe_busy(self, busy: bool, role: str, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if busy and self._busy_since is None:
+            self._busy_since = now
+        elif not busy and self._busy_since is not None:
+            seconds = now - self._busy_since
+            self._c["busy_intervals"] += 1
+            self._c["busy_seconds"] += seconds
+            self._done.append(BusyInterval(seq=self._seq, role=role, seconds=seconds, new_tokens=self._new,
+                                           cached_tokens=self._cached, requests=self._requests))
+            self._seq += 1
+            self._busy_since = None
+            self._new = self._cached = self._requests = 0
+            self._seen.clear()
+
+    def intervals_since(self, seq: int) -> list[BusyInterval]:
+        return [i for i in self._done if i.seq > seq]
+
+    def snapshot(self) -> dict[str, float]:
+        out = dict(self._c)
+        if self._busy_since is not None:
+            out["busy_seconds_open_interval"] = time.monotonic() - self._busy_since
+        return out
+
+
+def prometheus_text(instance: str, role: str, counters: dict[str, float], gauges: dict[str, float]) -> str:
+    """Prometheus exposition format, one sample per line, labelled by instance and role."""
+    lines = []
+    labels = f'instance="{instance}",role="{role}"'
+    for name, value in sorted(counters.items()):
+        metric = f"prorsa_{name}_total" if not name.endswith("_open_interval") else f"prorsa_{name}"
+        lines.append(f"# TYPE {metric} {'counter' if metric.endswith('_total') else 'gauge'}")
+        lines.append(f"{metric}{{{labels}}} {value}")
+    for name, value in sorted(gauges.items()):
+        lines.append(f"# TYPE prorsa_{name} gauge")
+        lines.append(f"prorsa_{name}{{{labels}}} {value}")
+    return "\n".join(lines) + "\n"

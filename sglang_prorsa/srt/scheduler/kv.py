@@ -1,0 +1,160 @@
+"""The KV side of the scheduler extension: persist a request's KV to the store, load a persisted prefix into the
+prefix cache (and hold it there until its request is scheduled), report the pool's occupancy."""
+
+from __future__ import annotations
+
+import logging
+import time
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from sglang_prorsa.srt.disaggregation.kv_persist import KVStoreConfig, layout_of, load_blocks, persist_request_kv
+from sglang_prorsa.srt.messages import LoadPrefix, LoadPrefixResult, MigratedRequest
+from sglang_prorsa.srt.scheduler.counters import InstanceCounters
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Hold:
+    lock: Any  # SGLang's TreeLock on the loaded prefix's last node
+    root: Any  # the tree's root handle when locked: a reset (flush, role rebuild) mints a new one
+    deadline: float
+    seen: bool = False  # the request was seen waiting here
+
+
+class KVSide:
+    def __init__(self, scheduler: Any, store_config: KVStoreConfig, counters: InstanceCounters) -> None:
+        self.s = scheduler
+        self.store_config = store_config
+        self.counters = counters
+        self._store = None
+        self._codec = None
+        self._codec_pool = None
+        self.holds: dict[str, _Hold] = {}
+        try:
+            self.codec()  # load (or build once) the export/import kernels now, not during the first switch
+        except Exception:  # a pool layout the kernels do not support: switches fail loudly, serving goes on
+            logger.exception("prorsa: KV export kernels unavailable for this pool")
+
+    @property
+    def store(self):
+        if self._store is None:
+            self._store = self.store_config.open()
+        return self._store
+
+    def codec(self):
+        pool = self.s.token_to_kv_pool_allocator.get_kvcache()
+        if self._codec is None or self._codec_pool is not pool:
+            from sglang_prorsa.kernels import KVPageCodec
+
+            self._codec = KVPageCodec.from_sglang_pool(pool)
+            self._codec_pool = pool
+        return self._codec
+
+    def occupancy(self) -> tuple[int, int, int]:
+        """(KV tokens in use, KV capacity, tokens held by the prefix cache)."""
+        capacity = int(self.s.max_total_num_tokens or 0)
+        footprint = max(0, capacity - int(self.s.token_to_kv_pool_allocator.available_size())) if capacity else 0
+        tree = self.s.tree_cache
+        cached = 0 if getattr(tree, "disable", False) else int(tree.evictable_size()) + int(tree.protected_size())
+        return footprint, capacity, cached
+
+    # -- persist ----------------------------------------------------------------------------------------------------
+    def persist(self, req: Any, record: MigratedRequest) -> tuple[MigratedRequest, int, int]:
+        """Export the KV of every token but the newest (it has none yet: it is the next forward's input)."""
+        tokens = list(req.origin_input_ids) + list(req.output_ids)
+        kv_tokens = len(tokens) - 1
+        if kv_tokens <= 0 or req.kv.req_pool_idx is None:
+            return record, 0, 0
+        slots = self.s.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :kv_tokens]
+        codec = self.codec()
+        keys, block_tokens, nbytes = persist_request_kv(codec, self.store, tokens[:kv_tokens], slots,
+                                                        layout_of(self.s, codec), self.store_config.block_tokens)
+        record.kv_tokens, record.keys, record.block_tokens = kv_tokens, keys, block_tokens
+        self.counters.add("kv_tokens_persisted", kv_tokens)
+        self.counters.add("kv_bytes_persisted", nbytes)
+        return record, len(keys), nbytes
+
+    # -- load -------------------------------------------------------------------------------------------------------
+    def load_prefix(self, msg: LoadPrefix) -> LoadPrefixResult:
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        t0 = time.perf_counter()
+        s = self.s
+        page = int(s.page_size or 1)
+        n = (len(msg.token_ids) // page) * page  # the radix tree holds whole pages only
+        tokens = list(msg.token_ids[:n])
+        if n == 0 or getattr(s.tree_cache, "disable", False):
+            return LoadPrefixResult(0, 0, len(msg.keys), 0, time.perf_counter() - t0)
+        match = s.tree_cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens))))
+        have = (int(match.device_prefix_len) // page) * page
+        if have >= n:
+            held = self._hold(msg, tokens[:have])
+            return LoadPrefixResult(0, have, 0, 0, time.perf_counter() - t0, held)
+        existing = s.tree_cache.path_device_indices(match.last_device_node)[:have].to(torch.int64)
+        loaded = load_blocks(self.store, msg.keys, msg.block_tokens, have, n)
+        if loaded.missing_blocks or loaded.checksum_failures:
+            self.counters.add("kv_store_misses", loaded.missing_blocks)
+            self.counters.add("kv_checksum_failures", loaded.checksum_failures)
+        usable = ((have + loaded.tokens) // page) * page - have  # leading tokens after `have` that arrived intact
+        if usable <= 0:
+            held = self._hold(msg, tokens[:have]) if have else False
+            return LoadPrefixResult(0, have, loaded.missing_blocks, loaded.checksum_failures,
+                                    time.perf_counter() - t0, held)
+        alloc = s.token_to_kv_pool_allocator
+        slots = alloc.alloc(usable)
+        if slots is None:
+            s.tree_cache.evict(EvictParams(num_tokens=usable))
+            slots = alloc.alloc(usable)
+        if slots is None:
+            logger.warning("prorsa: no KV room to load a %d-token prefix; it will be recomputed", usable)
+            return LoadPrefixResult(0, have, loaded.missing_blocks, loaded.checksum_failures,
+                                    time.perf_counter() - t0)
+        codec = self.codec()
+        codec.import_pages(loaded.records_for(codec, usable, page), codec.pages_of_slots(slots, page))
+        value = torch.cat([existing.to(slots.device), slots.to(torch.int64)])
+        s.tree_cache.insert(InsertParams(key=RadixKey(array("q", tokens[: have + usable])), value=value,
+                                         prev_prefix_len=have))
+        held = self._hold(msg, tokens[: have + usable])
+        self.counters.add("kv_tokens_loaded", usable)
+        self.counters.add("requests_migrated_in", 1)
+        return LoadPrefixResult(usable, have, loaded.missing_blocks, loaded.checksum_failures,
+                                time.perf_counter() - t0, held)
+
+    def _hold(self, msg: LoadPrefix, tokens: list[int]) -> bool:
+        """Lock the loaded prefix against eviction until its request is scheduled here (or ``hold_s`` passes)."""
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        if not msg.hold_for_rid or not tokens:
+            return False
+        self.release_hold(msg.hold_for_rid)
+        tree = self.s.tree_cache
+        node = tree.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens)))).last_device_node
+        self.holds[msg.hold_for_rid] = _Hold(lock=tree.lock(node), root=tree.root_node_handle(),
+                                             deadline=time.monotonic() + msg.hold_s)
+        return True
+
+    def release_hold(self, rid: str) -> None:
+        hold = self.holds.pop(rid, None)
+        tree = self.s.tree_cache
+        if hold is not None and tree.root_node_handle() == hold.root:  # else a reset already dropped the lock
+            tree.unlock(hold.lock)
+
+    def expire_holds(self, known: tuple[set[str], set[str]]) -> None:
+        """Release each hold once its request has been scheduled (it then holds its own lock), or at its deadline."""
+        if not self.holds:
+            return
+        pending, past = known
+        now = time.monotonic()
+        for rid, hold in list(self.holds.items()):
+            if rid in pending:
+                hold.seen = True
+            elif rid in past or hold.seen or now > hold.deadline:
+                self.release_hold(rid)
+

@@ -1,0 +1,77 @@
+"""Instances on any machine (issue 12): a controller started with no instances of its own, engine instances started
+separately that register with it by URL (``--prorsa-controller``), the Mooncake Store as the KV store they share,
+and a busy switch between them that is exact. Both "machines" are this one, on 127.0.0.1."""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+
+import pytest
+import requests
+
+from sglang_prorsa.srt.utils import processes
+from sglang_prorsa.testing.front_client import busiest, distinct_prompts, generate, run_all, switch_under_load
+from tests_support import ENGINE_FLAGS, LOGPROB_TOL, instances, max_logprob_gap
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model, log_dir):
+    port = processes.free_port()
+    with ExitStack() as stack:
+        controller = processes.start(
+            ["--pd-adaptive", "--prorsa-instances", "0", "--prorsa-manual-switch", "--prorsa-min-dwell", "0",
+             "--prorsa-kv-store", "mooncake", "--prorsa-log-dir", str(log_dir / "controller"),
+             "--host", processes.LOOPBACK, "--port", str(port), *ENGINE_FLAGS],
+            name=f"controller-{port}", port=port, log_dir=log_dir)
+        stack.callback(controller.stop)
+        controller.wait_ready(timeout=300)
+        master = requests.get(controller.url + "/prorsa/info", timeout=10).json()["kv_store"]["mooncake_master"]
+        started = []
+        for k, role in enumerate(("prefill", "decode", "decode")):
+            iport, bport = processes.free_port(), processes.free_port()
+            srv = processes.start(
+                ["--prorsa-controller", controller.url, "--prorsa-instance-id", f"remote-{k}",
+                 "--disaggregation-mode", role, "--disaggregation-bootstrap-port", str(bport),
+                 "--prorsa-kv-store", "mooncake", "--prorsa-mooncake-master", master,
+                 "--host", processes.LOOPBACK, "--port", str(iport), *ENGINE_FLAGS],
+                name=f"remote-{k}", port=iport, log_dir=log_dir)
+            stack.callback(srv.stop)
+            started.append(srv)
+        for srv in started:
+            srv.wait_ready(timeout=900)
+        deadline = time.monotonic() + 120
+        while sum(i["status"] == "active" for i in instances(controller.url)) < 3:
+            assert time.monotonic() < deadline, instances(controller.url)
+            time.sleep(0.5)
+        yield controller
+
+
+def test_instances_attach_by_url(cluster):
+    insts = {i["instance"]: i for i in instances(cluster.url)}
+    assert set(insts) == {"remote-0", "remote-1", "remote-2"}
+    assert [insts[f"remote-{k}"]["role"] for k in range(3)] == ["prefill", "decode", "decode"]
+    assert not any(i["started_here"] for i in insts.values())
+
+
+def test_busy_switch_between_machines_is_exact(cluster):
+    prompts = distinct_prompts(12, lambda i: 40 + 7 * i, seed=5)
+    max_new = 160
+    ref = run_all(lambda p: generate(cluster.url, p, max_new), prompts)
+    sw, got, before = switch_under_load(cluster.url, lambda p: generate(cluster.url, p, max_new), prompts,
+                                        lambda: busiest(cluster.url, "decode"), "prefill",
+                                        ready=lambda st: st["running"] >= 4, settle_s=0.5)
+    assert sw.status_code == 200, sw.text
+    assert sw.json()["taken"] >= 4 and sw.json()["persisted_bytes"] > 0
+    loaded = 0
+    for (_, r), (s, out) in zip(ref, got):
+        assert s == 200, out
+        assert out["output_ids"] == r["output_ids"]
+        assert max_logprob_gap(out, r) <= LOGPROB_TOL
+        for move in out["meta_info"].get("prorsa", {}).get("migrations", []):
+            loaded += move.get("loaded_tokens", 0)
+    assert loaded > 0  # prefixes came back from the Mooncake Store
+    roles = {i["instance"]: i["role"] for i in instances(cluster.url)}
+    assert roles[before["instance"]] == "prefill"
