@@ -12,6 +12,12 @@ Delivery rules (both senders):
   ``failed``. Other 4xx answers are not retried: the batch is counted in ``rejected`` and the server's message kept in
   ``last_error``. A 404 means the server has no lifecycle route (plain SGLang): the sender stops sending and counts
   every hint from then on in ``unsupported``; generation is unaffected.
+- ``report_requests=True`` makes the client report the engine's side of each request itself (``request_arrived``
+  when it sends a ``/generate`` of a trajectory, ``prefill_end`` and ``decode_end`` when the answer comes, stamped
+  with the answer time since the client cannot see when prefill ended). Use it where the hint endpoint does not see
+  the requests: generation straight to engines or through sglang-router with hints to a separate control plane, or
+  an engine that does not track trajectories. Leave it off behind our front, which reports these events itself (a
+  double report is harmless but counted as rejected transitions).
 - The buffer holds at most ``capacity`` events waiting to be sent (plus the one batch being sent). When it is full,
   ``overflow="drop_oldest"`` (the default) drops the oldest waiting event and counts it in ``dropped_overflow``, so
   a hint call never blocks and never raises; ``overflow="error"`` refuses the new hint with ``HintBufferFull``.
@@ -42,6 +48,7 @@ class HintConfig:
     backoff_max_s: float = 2.0
     request_timeout_s: float = 5.0
     close_timeout_s: float = 5.0  # how long close() waits for queued hints to be delivered
+    report_requests: bool = False  # the client reports request_arrived / prefill_end / decode_end itself
 
     def __post_init__(self) -> None:
         for name in ("capacity", "max_batch", "max_attempts"):
@@ -56,6 +63,8 @@ class HintConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                 raise InvalidArgument(name, f"must be a number >= 0, got {value!r}")
+        if not isinstance(self.report_requests, bool):
+            raise InvalidArgument("report_requests", f"must be true or false, got {self.report_requests!r}")
         if self.request_timeout_s == 0:
             raise InvalidArgument("request_timeout_s", "must be > 0")
 
@@ -94,6 +103,13 @@ def make_event(trajectory_id: str, event: str, fields: dict[str, Any], ts: float
     except EventValidationError as exc:
         raise HintError(str(exc).removeprefix("event 0, "), field=exc.field) from None
     return obj
+
+
+def request_arrived_tokens(body: dict[str, Any]) -> int:
+    """Prompt length for a client-side ``request_arrived``: exact for token ids, ~4 bytes a token for text."""
+    if "input_ids" in body:
+        return len(body["input_ids"])
+    return max(1, len(body["text"].encode()) // 4)
 
 
 def classify(status: int) -> str:

@@ -22,9 +22,9 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from sglang_prorsa.client import grpo
-from sglang_prorsa.client.errors import InvalidArgument, ProrsaConnectionError, ProrsaHTTPError
+from sglang_prorsa.client.errors import HintBufferFull, InvalidArgument, ProrsaConnectionError, ProrsaHTTPError
 from sglang_prorsa.client.generation import TRAJECTORY_ID_HEADER, Generation, generate_body, parse_generation
-from sglang_prorsa.client.hints import HintBuffer, HintConfig, HintStats, make_event
+from sglang_prorsa.client.hints import HintBuffer, HintConfig, HintStats, make_event, request_arrived_tokens
 from sglang_prorsa.client.senders import ThreadHintSender
 from sglang_prorsa.client.trajectory import Trajectory
 
@@ -62,10 +62,16 @@ class ProrsaClient:
         body = generate_body(input_ids, text, sampling_params, max_new_tokens=max_new_tokens,
                              temperature=temperature, return_logprob=return_logprob, rid=rid, extra=extra)
         headers = {TRAJECTORY_ID_HEADER: trajectory_id} if trajectory_id else None
+        report = bool(trajectory_id) and self.hint_config.report_requests
+        if report:
+            self._report(trajectory_id, "request_arrived", prompt_tokens=request_arrived_tokens(body))
         if trajectory_id and len(self._buffer):
             self._sender.notify(urgent=True)  # queued hints of this turn go out now, beside the request
         t0 = time.perf_counter()
         answer = self.post_json("/generate", body, headers=headers, timeout_s=timeout_s)
+        if report:
+            self._report(trajectory_id, "prefill_end")
+            self._report(trajectory_id, "decode_end")
         return parse_generation(answer, trajectory_id, time.perf_counter() - t0)
 
     # ----- hints -----
@@ -73,6 +79,13 @@ class ProrsaClient:
         """Queue one lifecycle event (see ``trajectory.py`` for the usual way); returns at once."""
         self._buffer.put(make_event(trajectory_id, event, fields))
         self._sender.notify()
+
+    def _report(self, trajectory_id: str, event: str, **fields: Any) -> None:
+        """A hint on generation's own path: a full buffer drops it (counted) rather than failing the request."""
+        try:
+            self.hint(trajectory_id, event, **fields)
+        except HintBufferFull:
+            self._stats.dropped_overflow += 1
 
     def trajectory(self, task: str | None = None, *, trajectory_id: str | None = None, group_id: str | None = None,
                    prompt_tokens: int | None = None) -> Trajectory:

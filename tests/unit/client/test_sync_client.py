@@ -253,3 +253,15 @@ def test_control_routes(fake):
         assert client.update_weights_from_disk("/m", weight_version="v2")["success"] is True
         assert "prorsa_busy_seconds_total" in client.metrics()
     assert fake.state.weights == [{"model_path": "/m", "weight_version": "v2"}]
+
+
+def test_report_requests_adds_the_engine_side_of_each_request(fake):
+    with ProrsaClient(fake.url, hints=HintConfig(report_requests=True)) as client:
+        with client.trajectory(trajectory_id="r1") as t:
+            t.generate([1, 2, 3], max_new_tokens=2)
+            t.generate(text="twelve bytes", max_new_tokens=2)
+        client.flush_hints(10)
+    events = fake.state.events
+    assert kinds(events) == ["sampled", "request_arrived", "prefill_end", "decode_end",
+                             "request_arrived", "prefill_end", "decode_end", "aborted"]
+    assert events[1]["prompt_tokens"] == 3 and events[4]["prompt_tokens"] == 3  # 12 bytes / 4
