@@ -9,7 +9,7 @@
 
 ``url`` serves generation (our front, one engine, or sglang-router); ``hints_url`` (default: ``url``) serves
 ``/lifecycle``, e.g. the front or ``python -m sglang_prorsa.control_plane`` while generation goes straight to engines.
-Safe to share between threads: each thread gets its own HTTP session.
+Safe to share between threads: each request borrows an HTTP session from a pool.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def check_url(name: str, url: Any) -> str:
 
 class ProrsaClient:
     def __init__(self, url: str, *, hints_url: str | None = None, hints: HintConfig | None = None,
-                 timeout_s: float = 600.0, headers: Mapping[str, str] | None = None, pool_size: int = 64) -> None:
+                 timeout_s: float = 600.0, headers: Mapping[str, str] | None = None) -> None:
         self.url = check_url("url", url)
         self.hints_url = check_url("hints_url", hints_url) if hints_url is not None else self.url
         self.timeout_s = timeout_s
@@ -46,9 +46,7 @@ class ProrsaClient:
         self._stats = HintStats()
         self._buffer = HintBuffer(self.hint_config, self._stats)
         self._sender = ThreadHintSender(self.hints_url, self.hint_config, self._buffer, self.headers)
-        self._pool_size = pool_size
-        self._local = threading.local()
-        self._sessions: list[requests.Session] = []
+        self._idle: list[requests.Session] = []
         self._lock = threading.Lock()
         self._closed = False
 
@@ -143,9 +141,9 @@ class ProrsaClient:
         self._closed = True
         self._sender.close(self.hint_config.close_timeout_s)
         with self._lock:
-            for s in self._sessions:
-                s.close()
-            self._sessions.clear()
+            for session in self._idle:
+                session.close()
+            self._idle.clear()
 
     def __enter__(self) -> "ProrsaClient":
         return self
@@ -154,28 +152,38 @@ class ProrsaClient:
         self.close()
 
     # ----- internals -----
-    def _session(self) -> requests.Session:
-        session = getattr(self._local, "session", None)
-        if session is None:
-            session = requests.Session()
-            adapter = HTTPAdapter(pool_connections=4, pool_maxsize=self._pool_size)
-            session.mount("http://", adapter)
-            session.mount("https://", adapter)
-            self._local.session = session
-            with self._lock:
-                self._sessions.append(session)
+    def _acquire(self) -> requests.Session:
+        """A session no other thread is using: sessions are pooled, so their number stays at the peak concurrency
+        however many threads come and go (requests.Session is not safe to share between threads)."""
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        session = requests.Session()
+        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=4)
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
         return session
+
+    def _release(self, session: requests.Session) -> None:
+        with self._lock:
+            if self._closed:
+                session.close()
+            else:
+                self._idle.append(session)
 
     def _call(self, method: str, path: str, *, body: Any = None, params: Mapping[str, Any] | None = None,
               headers: Mapping[str, str] | None = None, timeout_s: float | None = None, base: str | None = None,
               raw: bool = False) -> Any:
         url = (base or self.url) + path
         all_headers = {**self.headers, **(headers or {})}
+        session = self._acquire()
         try:
-            r = self._session().request(method, url, json=body, params=params, headers=all_headers,
-                                        timeout=timeout_s or self.timeout_s)
+            r = session.request(method, url, json=body, params=params, headers=all_headers,
+                                timeout=timeout_s or self.timeout_s)
         except requests.RequestException as exc:
             raise ProrsaConnectionError(method, url, exc) from exc
+        finally:
+            self._release(session)
         if not 200 <= r.status_code < 300:
             raise ProrsaHTTPError(method, url, r.status_code, r.text)
         if raw:

@@ -265,3 +265,10 @@ def test_report_requests_adds_the_engine_side_of_each_request(fake):
     assert kinds(events) == ["sampled", "request_arrived", "prefill_end", "decode_end",
                              "request_arrived", "prefill_end", "decode_end", "aborted"]
     assert events[1]["prompt_tokens"] == 3 and events[4]["prompt_tokens"] == 3  # 12 bytes / 4
+
+
+def test_http_sessions_are_pooled_across_threads(fake):
+    with ProrsaClient(fake.url) as client:
+        for _ in range(3):  # each run_group uses fresh threads
+            client.run_group(4, lambda t: t.generate([1], max_new_tokens=1))
+        assert 1 <= len(client._idle) <= 4  # bounded by the peak concurrency, not by the threads ever seen
