@@ -634,7 +634,7 @@ def print_table(rows: list[dict]) -> None:
     lines = [head]
     for r in rows:
         if r.get("error"):
-            lines.append((r["mode"], "error: " + r["error"][:60], *[""] * (len(head) - 2)))
+            lines.append((r["mode"], "error: " + r["error"].splitlines()[0][:80], *[""] * (len(head) - 2)))
             continue
         lines.append((
             r["mode"], f"{_fmt(r['step_time_mean_s'])}±{_fmt(r['step_time_stdev_s'])}",
