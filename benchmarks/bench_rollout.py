@@ -322,6 +322,11 @@ async def watch(client: AsyncProrsaClient, rec: RunRecord, args: argparse.Namesp
             inst = await client.instances()
             sample["roles"] = {str(i.get("instance")): i.get("role") for i in inst.get("instances", [])}
             sample["switches"] = len(inst.get("switches", []))
+            decision = (await client.decision()).get("decision") or {}
+            target = decision.get("target") or {}
+            if "prefill" in target:
+                sample["target_prefill"] = target["prefill"]
+                sample["target_decode"] = target.get("decode")
         except ProrsaClientError:
             pass
         rec.timeline.append(sample)
@@ -330,7 +335,8 @@ async def watch(client: AsyncProrsaClient, rec: RunRecord, args: argparse.Namesp
             roles = sample.get("roles")
             n_p = sum(r == "prefill" for r in roles.values()) if roles else None
             ratio = f"{n_p}:{len(roles) - n_p}" if roles else "-"
-            tqdm.write(f"[{label}] t={sample['t'] - rec.t0:6.1f}s roles P:D={ratio} "
+            target = (f"{sample['target_prefill']}:{sample['target_decode']}" if "target_prefill" in sample else "-")
+            tqdm.write(f"[{label}] t={sample['t'] - rec.t0:6.1f}s roles P:D={ratio} target {target} "
                        f"W^P={_num(sample.get('prefill_tokens'))} K^D={_num(sample.get('decode_kv_tokens'))} "
                        f"switches={sample.get('switches', '-')}")
         try:
@@ -414,7 +420,8 @@ def server_reports(url: str) -> dict[str, Any]:
         pass
     try:
         st = requests.get(url + "/lifecycle/status", timeout=10).json()
-        out.update(lifecycle_events=st.get("events"), lifecycle_rejected_events=st.get("rejected_events"))
+        out.update(lifecycle_events=st.get("events"), lifecycle_rejected_events=st.get("rejected_events"),
+                   lifecycle_recent_rejections=(st.get("recent_rejections") or [])[-5:])
     except (requests.RequestException, ValueError):
         pass
     return out
@@ -604,20 +611,24 @@ def failed_row(mode: str, error: str) -> dict:
 
 
 def add_comparisons(rows: list[dict], recs: dict[str, RunRecord], baseline: str) -> None:
+    """Step-time ratio and greedy-output agreement of every mode against ``baseline`` (colocated unless told
+    otherwise; the ``*_to_colocated`` fields are filled only when the baseline is colocated)."""
     ref_row = next((r for r in rows if r["mode"] == baseline and not r.get("error")), None)
     ref = recs.get(baseline)
     for row in rows:
         if row.get("error"):
             continue
-        if ref_row is None or ref is None:
-            row.update(step_time_ratio_to_colocated=None, outputs_identical_to_colocated=None,
-                       compared_turns=None, differing_turns=None)
-            continue
-        row["step_time_ratio_to_colocated"] = (round(row["step_time_mean_s"] / ref_row["step_time_mean_s"], 3)
-                                               if ref_row.get("step_time_mean_s") else None)
-        compared, differing = compare_outputs(recs[row["mode"]], ref)
-        row.update(compared_turns=compared, differing_turns=differing,
-                   outputs_identical_to_colocated=(differing == 0 and compared > 0))
+        row.update(baseline_mode=baseline, step_time_ratio_to_baseline=None, outputs_identical_to_baseline=None,
+                   compared_turns=None, differing_turns=None)
+        if ref_row is not None and ref is not None and row["mode"] in recs:
+            if ref_row.get("step_time_mean_s"):
+                row["step_time_ratio_to_baseline"] = round(row["step_time_mean_s"] / ref_row["step_time_mean_s"], 3)
+            compared, differing = compare_outputs(recs[row["mode"]], ref)
+            row.update(compared_turns=compared, differing_turns=differing,
+                       outputs_identical_to_baseline=(differing == 0 and compared > 0))
+        coloc = baseline == "colocated"
+        row["step_time_ratio_to_colocated"] = row["step_time_ratio_to_baseline"] if coloc else None
+        row["outputs_identical_to_colocated"] = row["outputs_identical_to_baseline"] if coloc else None
 
 
 # ----- output ----------------------------------------------------------------------------------------------------
@@ -629,8 +640,9 @@ def _fmt(x: Any, spec: str = ".2f") -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    head = ("mode", "step s (mean±sd)", "×coloc", "traj p50/p99 s", "tok/s", "idle", "switches", "WAPE P/D",
-            "cache hit", "requests", "lost", "same as coloc")
+    base = next((r["baseline_mode"] for r in rows if "baseline_mode" in r), "colocated")
+    head = ("mode", "step s (mean±sd)", f"×{base}", "traj p50/p99 s", "tok/s", "idle", "switches", "WAPE P/D",
+            "cache hit", "requests", "lost", f"same as {base}")
     lines = [head]
     for r in rows:
         if r.get("error"):
@@ -638,12 +650,12 @@ def print_table(rows: list[dict]) -> None:
             continue
         lines.append((
             r["mode"], f"{_fmt(r['step_time_mean_s'])}±{_fmt(r['step_time_stdev_s'])}",
-            _fmt(r.get("step_time_ratio_to_colocated"), ".3f"),
+            _fmt(r.get("step_time_ratio_to_baseline"), ".3f"),
             f"{_fmt(r['trajectory_completion_p50_s'], '.1f')}/{_fmt(r['trajectory_completion_p99_s'], '.1f')}",
             _fmt(r["tokens_per_s"], ".1f"), _fmt(r["cpu_idle_share"], ".2f"), _fmt(r["switches"], "d"),
             f"{_fmt(r.get('forecast_wape_prefill'))}/{_fmt(r.get('forecast_wape_decode'))}",
             _fmt(r["prefix_cache_hit_rate"], ".2f"), str(r["requests"]), str(r["lost"]),
-            _fmt(r.get("outputs_identical_to_colocated"))))
+            _fmt(r.get("outputs_identical_to_baseline"))))
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
     for i, line in enumerate(lines):
         print("  ".join(str(c).ljust(w) for c, w in zip(line, widths)))
@@ -665,8 +677,8 @@ def plot_step_times(rows: list[dict], path: Path) -> None:
     width = 0.8 / len(ok)
     for i, r in enumerate(ok):
         xs = [s + i * width for s in range(len(r["step_times_s"]))]
-        ratio = r.get("step_time_ratio_to_colocated")
-        label = r["mode"] + (f" (×{ratio:.2f} vs colocated)" if ratio is not None else "")
+        ratio = r.get("step_time_ratio_to_baseline")
+        label = r["mode"] + (f" (×{ratio:.2f} vs {r['baseline_mode']})" if ratio is not None else "")
         ax.bar(xs, r["step_times_s"], width, label=label)
     ax.set_xticks([s + 0.4 - width / 2 for s in range(n_steps)], [f"step {s}" for s in range(n_steps)])
     ax.set_ylabel("rollout step time (s)")
@@ -707,6 +719,13 @@ def plot_timelines(recs: dict[str, RunRecord], path: Path) -> bool:
                     ax_roles.broken_barh([(t_rel, t_next - t_rel)], (k - 0.4, 0.8),
                                          color="#fc8d62" if role == "prefill" else "#66c2a5")
         ax_roles.set_yticks(range(len(ids)), [f"inst {i}" for i in ids])
+        tgt = [(t_rel, s["target_prefill"]) for t_rel, s in zip(ts, tl) if s.get("target_prefill") is not None]
+        if tgt:
+            ax_t = ax_roles.twinx()
+            ax_t.step([x for x, _ in tgt], [y for _, y in tgt], where="post", color="k", lw=1,
+                      label="decision: target prefill instances")
+            ax_t.set_ylim(-0.5, max(len(ids), 1) + 0.5)
+            ax_t.legend(fontsize=7, loc="upper right")
         if not ids:
             ax_roles.text(0.5, 0.5, "no roles listed (not a PD front)", ha="center", transform=ax_roles.transAxes)
         ax_roles.set_title(f"{mode}: roles (orange prefill, green decode), switches "
@@ -744,6 +763,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--modes", default="adaptive,static,colocated",
                     help=f"comma-separated, launched in turn; of {', '.join(MODES)} ('single': one plain engine)")
     ap.add_argument("--url", default=None, help="drive this running server instead of launching modes")
+    ap.add_argument("--baseline", default="colocated", choices=MODES,
+                    help="mode the ratios and output comparisons refer to")
     ap.add_argument("--label", default=None, help="mode name for --url (default: from /prorsa/info)")
     ap.add_argument("--quick", action="store_true", help="a small run (< 15 min on 2 cores for three modes)")
     ap.add_argument("--json", default=None, help="write the rows here (default: <out>/<tag>.json)")
@@ -831,7 +852,7 @@ def main(argv: list[str] | None = None) -> int:
             if rec is not None:
                 recs[mode] = rec
             write_rows(rows, json_path)  # what is done so far survives an interrupted run
-    add_comparisons(rows, recs, "colocated")
+    add_comparisons(rows, recs, args.baseline)
     print_table(rows)
     write_rows(rows, json_path)
     (out / f"{args.tag}_timeline.json").write_text(json.dumps(

@@ -17,7 +17,12 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 import aiohttp
 
 from sglang_prorsa.client import grpo
-from sglang_prorsa.client.errors import HintBufferFull, ProrsaClientError, ProrsaConnectionError, ProrsaHTTPError
+from sglang_prorsa.client.errors import (
+    HintBufferFull,
+    ProrsaClientError,
+    ProrsaConnectionError,
+    ProrsaHTTPError,
+)
 from sglang_prorsa.client.generation import TRAJECTORY_ID_HEADER, Generation, generate_body, parse_generation
 from sglang_prorsa.client.hints import HintBuffer, HintConfig, HintStats, make_event, request_arrived_tokens
 from sglang_prorsa.client.senders import AsyncHintSender
@@ -66,6 +71,8 @@ class AsyncProrsaClient:
     # ----- hints -----
     def hint(self, trajectory_id: str, event: str, **fields: Any) -> None:
         """Queue one lifecycle event; returns at once (call it from the client's event loop)."""
+        if self._closed:
+            raise ProrsaClientError(f"client for {self.url} is closed; no more hints")
         self._bind_loop()
         self._buffer.put(make_event(trajectory_id, event, fields))
         self._sender.notify()

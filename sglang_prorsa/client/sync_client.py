@@ -22,7 +22,13 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from sglang_prorsa.client import grpo
-from sglang_prorsa.client.errors import HintBufferFull, InvalidArgument, ProrsaConnectionError, ProrsaHTTPError
+from sglang_prorsa.client.errors import (
+    HintBufferFull,
+    InvalidArgument,
+    ProrsaClientError,
+    ProrsaConnectionError,
+    ProrsaHTTPError,
+)
 from sglang_prorsa.client.generation import TRAJECTORY_ID_HEADER, Generation, generate_body, parse_generation
 from sglang_prorsa.client.hints import HintBuffer, HintConfig, HintStats, make_event, request_arrived_tokens
 from sglang_prorsa.client.senders import ThreadHintSender
@@ -75,6 +81,8 @@ class ProrsaClient:
     # ----- hints -----
     def hint(self, trajectory_id: str, event: str, **fields: Any) -> None:
         """Queue one lifecycle event (see ``trajectory.py`` for the usual way); returns at once."""
+        if self._closed:
+            raise ProrsaClientError(f"client for {self.url} is closed; no more hints")
         self._buffer.put(make_event(trajectory_id, event, fields))
         self._sender.notify()
 

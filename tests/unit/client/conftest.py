@@ -4,7 +4,6 @@ control plane (``python -m sglang_prorsa.control_plane``) on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,7 +137,3 @@ def control_plane():
         yield srv
     finally:
         srv.stop(grace_s=3)
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True)

@@ -272,3 +272,12 @@ def test_http_sessions_are_pooled_across_threads(fake):
         for _ in range(3):  # each run_group uses fresh threads
             client.run_group(4, lambda t: t.generate([1], max_new_tokens=1))
         assert 1 <= len(client._idle) <= 4  # bounded by the peak concurrency, not by the threads ever seen
+
+
+def test_hints_after_close_are_refused(fake):
+    from sglang_prorsa.client import ProrsaClientError
+
+    client = ProrsaClient(fake.url)
+    client.close()
+    with pytest.raises(ProrsaClientError, match="closed"):
+        client.hint("t", "sampled")
