@@ -229,8 +229,8 @@ async def drive(url: str, workload: list[list[list[Episode]]], args: argparse.Na
     """Run every step under the staleness-k policy; returns the record and the SDK's hint counters. ``alive``: the
     launched server's liveness, checked while polling, so a crashed server ends the run at once."""
     rec = RunRecord()
-    async with AsyncProrsaClient(url, hints=HintConfig(report_requests=report_requests),
-                                 timeout_s=args.request_timeout_s) as client:
+    hints = HintConfig(report_requests=report_requests, order_timeout_s=args.hint_order_s)
+    async with AsyncProrsaClient(url, hints=hints, timeout_s=args.request_timeout_s) as client:
         stop = asyncio.Event()
         monitor = asyncio.create_task(watch(client, rec, args, stop, label, alive))
         trainer = asyncio.create_task(train(client, workload, args, rec, label))
@@ -577,7 +577,7 @@ def run_on(url: str, mode: str, workload, args: argparse.Namespace, extra: dict,
             reports[key] = {k: v - old.get(k, 0) for k, v in reports[key].items()}
         elif isinstance(old, (int, float)) and isinstance(reports.get(key), (int, float)):
             reports[key] -= old
-    extra = {**extra, **reports, "hints": stats, "client_reports_requests": report,
+    extra = {**extra, **reports, "hints": stats, "client_reports_requests": report, "hint_order_s": args.hint_order_s,
              "server_mode": info.get("mode", "single engine")}
     return summarise(mode, rec, before, after, wall, args, extra), rec
 
@@ -794,6 +794,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-weight-update", action="store_true")
     ap.add_argument("--report-requests", choices=("auto", "on", "off"), default="auto",
                     help="client-side request_arrived/decode_end hints (auto: unless the server is one of our fronts)")
+    ap.add_argument("--hint-order-s", type=float, default=0.0,
+                    help="HintConfig.order_timeout_s: a turn's request waits at most this long for its earlier hints")
     ap.add_argument("--poll-s", type=float, default=1.0, help="timeline sampling period")
     ap.add_argument("--print-every-s", type=float, default=5.0, help="--url: live status line period")
     ap.add_argument("--ready-timeout-s", type=float, default=900.0)

@@ -58,9 +58,11 @@ class AsyncProrsaClient:
         report = bool(trajectory_id) and self.hint_config.report_requests
         if report:
             self._report(trajectory_id, "request_arrived", prompt_tokens=request_arrived_tokens(body))
-        if trajectory_id and len(self._buffer):
+        if trajectory_id and not self._buffer.drained:
             self._bind_loop()
             self._sender.notify(urgent=True)
+            if self.hint_config.order_timeout_s > 0:
+                await self._sender.wait_settled(self._stats.enqueued, self.hint_config.order_timeout_s)
         t0 = time.perf_counter()
         answer = await self.post_json("/generate", body, headers=headers, timeout_s=timeout_s)
         if report:

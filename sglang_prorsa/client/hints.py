@@ -18,6 +18,10 @@ Delivery rules (both senders):
   the requests: generation straight to engines or through sglang-router with hints to a separate control plane, or
   an engine that does not track trajectories. Leave it off behind our front, which reports these events itself (a
   double report is harmless but counted as rejected transitions).
+- ``order_timeout_s`` (default 0: off) lets a trajectory's ``generate`` wait at most that long for the hints queued
+  before it to be settled, so that e.g. ``tool_end`` reaches the server before the engine reports the next request
+  (otherwise the server may see them in the other order and count the late hint as an invalid transition). With 0,
+  generation never waits for a hint.
 - The buffer holds at most ``capacity`` events waiting to be sent (plus the one batch being sent). When it is full,
   ``overflow="drop_oldest"`` (the default) drops the oldest waiting event and counts it in ``dropped_overflow``, so
   a hint call never blocks and never raises; ``overflow="error"`` refuses the new hint with ``HintBufferFull``.
@@ -49,6 +53,7 @@ class HintConfig:
     request_timeout_s: float = 5.0
     close_timeout_s: float = 5.0  # how long close() waits for queued hints to be delivered
     report_requests: bool = False  # the client reports request_arrived / prefill_end / decode_end itself
+    order_timeout_s: float = 0.0  # generate waits at most this long for earlier hints to be settled (0: never)
 
     def __post_init__(self) -> None:
         for name in ("capacity", "max_batch", "max_attempts"):
@@ -59,7 +64,8 @@ class HintConfig:
             raise InvalidArgument("max_batch", f"must be <= {MAX_BATCH_EVENTS} (the server's batch limit)")
         if self.overflow not in OVERFLOW_POLICIES:
             raise InvalidArgument("overflow", f"must be one of {list(OVERFLOW_POLICIES)}, got {self.overflow!r}")
-        for name in ("flush_interval_s", "backoff_base_s", "backoff_max_s", "request_timeout_s", "close_timeout_s"):
+        for name in ("flush_interval_s", "backoff_base_s", "backoff_max_s", "request_timeout_s", "close_timeout_s",
+                     "order_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                 raise InvalidArgument(name, f"must be a number >= 0, got {value!r}")
@@ -190,6 +196,14 @@ class HintBuffer:
 
     def _count_pending(self) -> None:
         self.stats.pending = len(self._events) + self._in_flight
+
+    @property
+    def settled_total(self) -> int:
+        """Events whose fate is known (sent, dropped, failed, rejected, unsupported). Events are settled in the order
+        they were queued, so once this reaches n, the first n events queued are all settled."""
+        with self._lock:
+            s = self.stats
+            return s.sent + s.dropped_overflow + s.failed + s.rejected + s.unsupported
 
     @property
     def drained(self) -> bool:

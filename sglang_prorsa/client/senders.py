@@ -62,6 +62,19 @@ class ThreadHintSender:
                 self._cv.wait(min(left, 0.05))
         return True
 
+    def wait_settled(self, count: int, timeout_s: float) -> bool:
+        """Send now and wait until the first ``count`` events queued are settled, at most ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            self._urgent = True
+            self._cv.notify_all()
+            while self.buffer.settled_total < count:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._thread is None or not self._thread.is_alive():
+                    return False
+                self._cv.wait(min(left, 0.05))
+        return True
+
     def close(self, timeout_s: float) -> None:
         """Deliver what is queued within ``timeout_s``, then stop; whatever is left is counted as failed."""
         self.flush(timeout_s)
@@ -148,6 +161,21 @@ class AsyncHintSender:
             left = deadline - time.monotonic()
             if left <= 0 or self._task is None or self._task.done():
                 return self.buffer.drained
+            self._settled.clear()
+            try:
+                await asyncio.wait_for(self._settled.wait(), timeout=min(left, 0.05))
+            except asyncio.TimeoutError:
+                pass
+        return True
+
+    async def wait_settled(self, count: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        self._urgent.set()
+        self._wake.set()
+        while self.buffer.settled_total < count:
+            left = deadline - time.monotonic()
+            if left <= 0 or self._task is None or self._task.done():
+                return False
             self._settled.clear()
             try:
                 await asyncio.wait_for(self._settled.wait(), timeout=min(left, 0.05))

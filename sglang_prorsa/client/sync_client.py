@@ -69,8 +69,10 @@ class ProrsaClient:
         report = bool(trajectory_id) and self.hint_config.report_requests
         if report:
             self._report(trajectory_id, "request_arrived", prompt_tokens=request_arrived_tokens(body))
-        if trajectory_id and len(self._buffer):
+        if trajectory_id and not self._buffer.drained:
             self._sender.notify(urgent=True)  # queued hints of this turn go out now, beside the request
+            if self.hint_config.order_timeout_s > 0:
+                self._sender.wait_settled(self._stats.enqueued, self.hint_config.order_timeout_s)
         t0 = time.perf_counter()
         answer = self.post_json("/generate", body, headers=headers, timeout_s=timeout_s)
         if report:

@@ -25,6 +25,7 @@ class FakeState:
     lifecycle_answered: int = 0
     generate_bodies: list[dict] = field(default_factory=list)
     generate_headers: list[dict] = field(default_factory=list)
+    events_seen_by_generate: list[int] = field(default_factory=list)  # hints received when each /generate came
     weights: list[dict] = field(default_factory=list)
 
     @property
@@ -63,6 +64,7 @@ def _app(state: FakeState) -> web.Application:
     async def generate(request: web.Request) -> web.Response:
         body = await request.json()
         state.generate_bodies.append(body)
+        state.events_seen_by_generate.append(len(state.events))
         state.generate_headers.append(dict(request.headers))
         if body.get("sampling_params", {}).get("max_new_tokens") == 999:
             return web.json_response({"error": "field 'sampling_params.max_new_tokens': too many for this test",

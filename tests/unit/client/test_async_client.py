@@ -161,3 +161,17 @@ def test_hint_outside_a_running_loop_is_a_clear_error(fake):
     client = AsyncProrsaClient(fake.url)
     with pytest.raises(ProrsaClientError, match="running event loop"):
         client.hint("t", "sampled")
+
+
+def test_order_timeout_delivers_earlier_hints_before_the_request(fake):
+    async def main():
+        cfg = HintConfig(order_timeout_s=10, flush_interval_s=60)
+        async with AsyncProrsaClient(fake.url, hints=cfg) as client:
+            async with client.trajectory() as t:
+                await t.generate([1], max_new_tokens=1)
+                with t.tool("bash"):
+                    pass
+                await t.generate([2], max_new_tokens=1)
+
+    asyncio.run(main())
+    assert fake.state.events_seen_by_generate == [1, 3]

@@ -83,7 +83,9 @@ def test_backoff_doubles_up_to_the_cap():
 @pytest.mark.parametrize("kwargs,field", [({"capacity": 0}, "capacity"), ({"max_batch": 10_001}, "max_batch"),
                                           ({"overflow": "block"}, "overflow"), ({"max_attempts": True}, "max_attempts"),
                                           ({"flush_interval_s": -1}, "flush_interval_s"),
-                                          ({"request_timeout_s": 0}, "request_timeout_s")])
+                                          ({"request_timeout_s": 0}, "request_timeout_s"),
+                                          ({"order_timeout_s": -0.1}, "order_timeout_s"),
+                                          ({"report_requests": 1}, "report_requests")])
 def test_config_names_the_bad_field(kwargs, field):
     with pytest.raises(InvalidArgument) as info:
         HintConfig(**kwargs)

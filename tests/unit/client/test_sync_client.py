@@ -281,3 +281,25 @@ def test_hints_after_close_are_refused(fake):
     client.close()
     with pytest.raises(ProrsaClientError, match="closed"):
         client.hint("t", "sampled")
+
+
+def test_order_timeout_delivers_earlier_hints_before_the_request(fake):
+    cfg = HintConfig(order_timeout_s=10, flush_interval_s=60)  # a long window: only the ordering wait sends early
+    with ProrsaClient(fake.url, hints=cfg) as client:
+        with client.trajectory(trajectory_id="o1") as t:
+            t.generate([1], max_new_tokens=1)
+            with t.tool("bash"):
+                pass
+            t.generate([2], max_new_tokens=1)
+    assert fake.state.events_seen_by_generate == [1, 3]  # sampled; then tool_start and tool_end too
+
+
+def test_order_timeout_is_bounded_when_the_endpoint_hangs(fake):
+    fake.state.lifecycle_gate = threading.Event()
+    cfg = HintConfig(order_timeout_s=0.05)
+    with ProrsaClient(fake.url, hints=cfg) as client:
+        with client.trajectory() as t:
+            g = t.generate([5], max_new_tokens=1)
+            assert fake.state.lifecycle_answered == 0
+            fake.state.lifecycle_gate.set()
+    assert g.output_ids == [6]
