@@ -148,6 +148,7 @@ class RunRecord:
     lost: list[str] = field(default_factory=list)
     sent: int = 0
     step_done: dict[int, float] = field(default_factory=dict)
+    step_consumed: dict[int, float] = field(default_factory=dict)  # when the trainer took the step (in order)
     step_launch: dict[int, float] = field(default_factory=dict)
     weight_updates: list[str] = field(default_factory=list)
     timeline: list[dict] = field(default_factory=list)
@@ -274,6 +275,7 @@ async def train(client: AsyncProrsaClient, workload: list[list[list[Episode]]], 
         updates_supported = ckpts is not None
         for s, task in enumerate(rollouts):
             await task
+            rec.step_consumed[s] = time.time()
             tqdm.write(f"[{label}] step {s} rolled out in {rec.step_done[s] - rec.step_launch[s]:.1f} s")
             await asyncio.sleep(args.train_s)  # the training step (the trainer's GPUs; the rollout side idles)
             if updates_supported and s < len(rollouts) - 1:
@@ -437,15 +439,16 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def step_times(rec: RunRecord, staleness: int) -> list[float]:
-    """Synchronous: each step's rollout time. Asynchronous: time between consecutive steps' completions (the first
-    from the run's start), what a trainer consuming steps sees."""
-    steps = sorted(rec.step_done)
+    """Synchronous: each step's rollout time (launch to last trajectory's reward). Asynchronous: the time between
+    the trainer taking consecutive steps (the first from the run's start), which includes the training gap, since
+    rollouts of later steps overlap it: what an asynchronous trainer waits per step."""
+    steps = sorted(rec.step_consumed)
     if staleness == 0:
         return [rec.step_done[s] - rec.step_launch[s] for s in steps]
     out, prev = [], min(rec.step_launch.values())
     for s in steps:
-        out.append(rec.step_done[s] - prev)
-        prev = rec.step_done[s]
+        out.append(rec.step_consumed[s] - prev)
+        prev = rec.step_consumed[s]
     return out
 
 
@@ -497,6 +500,8 @@ def summarise(mode: str, rec: RunRecord, before: dict, after: dict, wall: float,
     return {
         "mode": mode, "instances": n_inst, "policy": "sync" if args.staleness == 0 else f"async(k={args.staleness})",
         "seed": args.seed, "preset": args.preset, "step_times_s": [round(x, 3) for x in st],
+        "step_time_definition": ("rollout: launch to last reward" if args.staleness == 0
+                                 else "interval between the trainer taking consecutive steps (training included)"),
         "step_time_mean_s": round(statistics.mean(st), 3) if st else None,
         "step_time_stdev_s": round(statistics.stdev(st), 3) if len(st) > 1 else None,
         "trajectories": len(rec.trajectories), "trajectories_completed": len(done),
