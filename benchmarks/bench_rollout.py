@@ -35,6 +35,7 @@ import json
 import random
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -523,11 +524,16 @@ def summarise(mode: str, rec: RunRecord, before: dict, after: dict, wall: float,
 
 # ----- launching the modes ---------------------------------------------------------------------------------------
 
-def launcher_flags() -> str:
-    """The launcher's --help text, to skip modes this checkout's launcher does not have (without starting them)."""
-    out = subprocess.run([sys.executable, "-m", "sglang_prorsa.launch_server", "--help"], capture_output=True,
-                         text=True, timeout=300, env=processes.loopback_env())
-    return out.stdout + out.stderr
+def launcher_flags() -> str | None:
+    """The launcher's --help text, to skip modes this checkout's launcher does not have without starting them; None
+    when it could not be read (then every mode is launched and a missing one fails at start, reported as such)."""
+    try:
+        out = subprocess.run([sys.executable, "-m", "sglang_prorsa.launch_server", "--help"], capture_output=True,
+                             text=True, timeout=300, env=processes.loopback_env())
+    except subprocess.TimeoutExpired:
+        return None
+    text = out.stdout + out.stderr
+    return text if MODE_FLAG["adaptive"] in text else None
 
 
 def mode_flags(mode: str, args: argparse.Namespace, log_dir: Path) -> list[str]:
@@ -587,16 +593,16 @@ def run_on(url: str, mode: str, workload, args: argparse.Namespace, extra: dict,
     return summarise(mode, rec, before, after, wall, args, extra), rec
 
 
-def launch_and_run(mode: str, workload, args: argparse.Namespace, log_dir: Path, help_text: str
+def launch_and_run(mode: str, workload, args: argparse.Namespace, log_dir: Path, help_text: str | None
                    ) -> tuple[dict, RunRecord | None]:
-    if mode != "single" and MODE_FLAG[mode] not in help_text:
+    if mode != "single" and help_text is not None and MODE_FLAG[mode] not in help_text:
         msg = f"this launcher has no {MODE_FLAG[mode]} (mode skipped)"
         tqdm.write(f"[{mode}] {msg}")
         return failed_row(mode, msg), None
     port = processes.free_port()
     argv = mode_flags(mode, args, log_dir) + ["--host", processes.LOOPBACK, "--port", str(port)]
     tqdm.write(f"[{mode}] launch_server {' '.join(argv)}")
-    srv = processes.start(argv, name=f"rollout-{mode}-{port}", port=port, log_dir=log_dir)
+    srv = processes.start(argv, name=f"rollout-{mode}-{port}", port=port, log_dir=log_dir, die_with_parent=True)
     try:
         ready = srv.wait_ready(timeout=args.ready_timeout_s)
         tqdm.write(f"[{mode}] ready in {ready:.0f} s")
@@ -829,6 +835,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM ends the run like Ctrl-C: the launched server is stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     workload = build_workload(args)
@@ -853,6 +861,8 @@ def main(argv: list[str] | None = None) -> int:
         log_dir = Path(tempfile.mkdtemp(prefix="prorsa-rollout-"))
         print(f"server logs under {log_dir}", flush=True)
         help_text = launcher_flags()
+        if help_text is None:
+            print("could not read the launcher's --help; launching every mode", flush=True)
         for mode in tqdm(args.mode_list, desc="modes", unit="mode"):
             row, rec = launch_and_run(mode, workload, args, log_dir, help_text)
             rows.append(row)
