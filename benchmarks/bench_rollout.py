@@ -153,6 +153,7 @@ class RunRecord:
     step_launch: dict[int, float] = field(default_factory=dict)
     weight_updates: list[str] = field(default_factory=list)
     timeline: list[dict] = field(default_factory=list)
+    episode_errors: list[str] = field(default_factory=list)  # failures outside generation (tools)
 
 
 async def run_tool(turn: Turn, how: str) -> list[int]:
@@ -198,7 +199,11 @@ async def run_episode(client: AsyncProrsaClient, ep: Episode, rec: RunRecord, ar
                 context += g.output_ids
                 if turn.tool is not None:
                     with t.tool(turn.tool) as call:
-                        tool_ids = await run_tool(turn, args.tool_exec)
+                        try:
+                            tool_ids = await run_tool(turn, args.tool_exec)
+                        except (OSError, RuntimeError) as exc:
+                            rec.episode_errors.append(f"{ep.trajectory_id} turn {k}: {exc}"[:300])
+                            raise RuntimeError("tool failed") from exc
                         call.result_tokens = len(tool_ids)
                     context += tool_ids
                     await asyncio.sleep(turn.overhead_s)
@@ -509,6 +514,7 @@ def summarise(mode: str, rec: RunRecord, before: dict, after: dict, wall: float,
         "trajectory_completion_p50_s": percentile(done, 50), "trajectory_completion_p99_s": percentile(done, 99),
         "request_latency_p50_s": percentile(latency, 50), "request_latency_p99_s": percentile(latency, 99),
         "requests": rec.sent, "answered": len(reqs), "lost": len(rec.lost), "lost_detail": rec.lost[:5],
+        "episode_errors": rec.episode_errors[:5],
         "prompt_tokens": prompt, "generated_tokens": generated,
         "tokens_per_s": round(generated / rollout_wall, 2) if rollout_wall else None,
         "cpu_idle_share": (round(max(0.0, 1 - busy / (wall * n_inst)), 4) if busy is not None and wall > 0 else None),
