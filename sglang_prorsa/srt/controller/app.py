@@ -19,6 +19,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sglang_prorsa import __version__
 from sglang_prorsa.config import Mode, ProrsaConfig
+from sglang_prorsa.srt.auth import AuthKeys, admin, mark_admin_routes
+from sglang_prorsa.srt.auth import install as install_auth
 from sglang_prorsa.srt.controller.http import Http
 from sglang_prorsa.srt.controller.loop import ControlLoop
 from sglang_prorsa.srt.controller.metrics import merge_prometheus
@@ -42,12 +44,13 @@ class Front:
     """Everything the front process owns, built once from the frozen configuration."""
 
     def __init__(self, config: ProrsaConfig, registry: Registry | None = None, processes: dict | None = None,
-                 specs: dict | None = None) -> None:
+                 specs: dict | None = None, keys: AuthKeys = AuthKeys()) -> None:
         self.config = config
+        self.keys = keys
         self.registry = registry or Registry()
         self.processes = processes or {}  # instance id -> ServerProcess, for the instances this front started
         self.specs = specs or {}  # instance id -> InstanceSpec (to restart one)
-        self.http = Http()
+        self.http = Http(keys)
         router = RouterPools(config.prorsa_router, self.http) if config.prorsa_router else None
         self.orchestrator = Orchestrator(self.registry, self.http, router)
         self.control_plane = LifecycleControlPlane(config=PredictorConfig(horizon_s=config.prorsa_horizon_s))
@@ -76,6 +79,7 @@ def build_app(front: Front) -> FastAPI:
 
     app = FastAPI(title="sglang-prorsa front", lifespan=lifespan)
     app.include_router(make_router(front.control_plane))
+    mark_admin_routes(app, {("POST", "/lifecycle/config")})
     for path in GENERATION_PATHS:
         app.add_route(path, front.relay.handle, methods=["POST"])
 
@@ -102,10 +106,12 @@ def build_app(front: Front) -> FastAPI:
         return front.loop.decision()
 
     @app.post("/prorsa/control_tick")
+    @admin
     async def control_tick():
         return await front.loop.tick()
 
     @app.post("/prorsa/switch")
+    @admin
     async def switch(request: Request):
         body = await json_object(request)
         if isinstance(body, JSONResponse):
@@ -123,6 +129,7 @@ def build_app(front: Front) -> FastAPI:
             return field_error("instance", f"no instance {inst!r}")
 
     @app.post("/prorsa/register")
+    @admin
     async def register(request: Request):
         body = await json_object(request)
         if isinstance(body, JSONResponse):
@@ -171,6 +178,7 @@ def build_app(front: Front) -> FastAPI:
 
     for path in INFO_PATHS:
         app.add_api_route(path, _info_handler(front, path), methods=["GET"])
+    install_auth(app, front.keys)
     return app
 
 

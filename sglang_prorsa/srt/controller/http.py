@@ -1,4 +1,7 @@
-"""The controller's HTTP client to instances and routers (one aiohttp session, JSON in and out)."""
+"""The controller's HTTP client to instances and routers (one aiohttp session, JSON in and out).
+
+Reads (GET) carry the deployment's generation key and writes (POST) its admin key, the levels SGLang's middleware
+asks for; a caller may pass its own headers instead (the external router's key)."""
 
 from __future__ import annotations
 
@@ -7,23 +10,28 @@ from typing import Any
 import aiohttp
 import orjson
 
+from sglang_prorsa.srt.auth import AuthKeys
+
 
 class Http:
-    def __init__(self, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, keys: AuthKeys = AuthKeys()) -> None:
         self._session: aiohttp.ClientSession | None = None
-        self._headers = headers or {}
+        self._read = keys.generation_headers()
+        self._write = keys.admin_headers()
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60), headers=self._headers)
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60))
         return self._session
 
     async def request(self, method: str, url: str, payload: Any = None, timeout_s: float = 30.0,
                       headers: dict[str, str] | None = None) -> tuple[int, Any]:
         data = None if payload is None else orjson.dumps(payload)
-        hdrs = {"Content-Type": "application/json", **(headers or {})} if data is not None else headers
+        if headers is None:
+            headers = self._read if method == "GET" else self._write
+        hdrs = {"Content-Type": "application/json", **headers} if data is not None else headers
         async with self.session().request(method, url, data=data, headers=hdrs,
                                           timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
             raw = await r.read()
@@ -40,7 +48,7 @@ class Http:
         return await self.request("POST", url, payload if payload is not None else {}, timeout_s, headers)
 
     async def get_text(self, url: str, timeout_s: float = 5.0) -> tuple[int, str]:
-        async with self.session().get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+        async with self.session().get(url, headers=self._read, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
             return r.status, await r.text()
 
     async def close(self) -> None:

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sglang_prorsa.config import InstanceSpec, Mode, ProrsaConfig
+from sglang_prorsa.srt.auth import AuthKeys
 from sglang_prorsa.srt.controller.registry import Instance, Registry, State
 
 logger = logging.getLogger("sglang_prorsa.front")
@@ -41,7 +42,7 @@ def instance_specs(config: ProrsaConfig, sglang_argv: list[str], log_dir: Path) 
     return specs
 
 
-def run_front(config: ProrsaConfig, sglang_argv: list[str], host: str, port: int) -> None:
+def run_front(config: ProrsaConfig, sglang_argv: list[str], host: str, port: int, keys: AuthKeys = AuthKeys()) -> None:
     import uvicorn
 
     from sglang_prorsa.srt.controller.app import Front, build_app
@@ -79,7 +80,7 @@ def run_front(config: ProrsaConfig, sglang_argv: list[str], host: str, port: int
         for inst in registry:
             registry.set_state(inst, State.ACTIVE)
         front = Front(config, registry, processes={s.instance_id: srv for s, srv in zip(specs, started)},
-                      specs={s.instance_id: s for s in specs})
+                      specs={s.instance_id: s for s in specs}, keys=keys)
         uvicorn.run(build_app(front), host=host, port=port, log_level="warning", access_log=False)
     finally:
         for srv in started:

@@ -30,7 +30,7 @@ class RouterPools:
         self.url = url.rstrip("/")
         self.http = http
         self.timeout_s = timeout_s
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}  # the router's key, not ours
 
     async def workers(self) -> list[dict[str, Any]]:
         status, body = await self.http.get(self.url + "/workers", headers=self.headers)

@@ -63,7 +63,8 @@ class EngineEvents:
                 if self.local is not None:
                     await asyncio.to_thread(self.local, batch)
                 else:
-                    status, answer = await self.side.post_json(self.url, {"events": batch}, timeout_s=10)
+                    status, answer = await self.side.post_json(self.url, {"events": batch}, timeout_s=10,
+                                                               generation=True)
                     if status != 200:
                         logger.warning("controller refused %d lifecycle events (%s): %s", len(batch), status, answer)
                 self.sent += len(batch)

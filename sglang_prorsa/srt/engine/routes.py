@@ -22,6 +22,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from sglang_prorsa.srt.auth import admin
 from sglang_prorsa.srt.engine.peers import Peer
 from sglang_prorsa.srt.engine.side import EngineSide
 from sglang_prorsa.srt.engine.switch import SwitchFailed, SwitchJob
@@ -42,6 +43,7 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
     router = APIRouter()
 
     @router.post("/prorsa/switch_role")
+    @admin
     async def switch_role(request: Request):
         body = await json_object(request)
         if isinstance(body, JSONResponse):
@@ -70,6 +72,7 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
         return JSONResponse(report)
 
     @router.post("/prorsa/migrate_out")
+    @admin
     async def migrate_out():
         if side.switch is not None:
             return coded_error(409, Code.SWITCHING, "a switch is running on this instance")
@@ -83,6 +86,7 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
                                  "released_elsewhere"]})
 
     @router.post("/prorsa/admission")
+    @admin
     async def admission(request: Request):
         body = await json_object(request)
         if isinstance(body, JSONResponse):
@@ -96,6 +100,7 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
         return JSONResponse({"admitting": side.admitting})
 
     @router.post("/prorsa/release")
+    @admin
     async def release(request: Request):
         body = await json_object(request)
         if isinstance(body, JSONResponse):
@@ -109,6 +114,7 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
         return JSONResponse({"released": rids, "rooms": taken})
 
     @router.post("/prorsa/expect")
+    @admin
     async def expect(request: Request):
         body = await json_object(request)
         if isinstance(body, JSONResponse):
@@ -119,6 +125,7 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
         return JSONResponse({"expected": await side.expect_here(rooms)})
 
     @router.post("/prorsa/kv/load")
+    @admin
     async def kv_load(request: Request):
         body = await json_object(request)
         if isinstance(body, JSONResponse):
@@ -139,6 +146,7 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
         return JSONResponse(vars(r))
 
     @router.post("/prorsa/peers")
+    @admin
     async def peers(request: Request):
         body = await json_object(request)
         if isinstance(body, JSONResponse):

@@ -18,6 +18,7 @@ import time
 
 from sglang_prorsa import __version__
 from sglang_prorsa.config import InstanceSpec, ProrsaConfig
+from sglang_prorsa.srt.auth import AuthKeys, mark_admin_routes
 from sglang_prorsa.srt.disaggregation.kv_persist import KVStoreConfig
 
 logger = logging.getLogger("sglang_prorsa.instance")
@@ -69,7 +70,8 @@ def run_instance(spec: InstanceSpec) -> None:
     addresses = ChannelAddresses.fresh()
     runtime = SchedulerRuntime(instance_id=spec.instance_id, channel=addresses,
                                kv_store=kv_store_config(spec.prorsa))
-    side = EngineSide(spec, EngineChannel(addresses), tokenizer_manager=None)
+    keys = AuthKeys.of(server_args)
+    side = EngineSide(spec, EngineChannel(addresses), tokenizer_manager=None, keys=keys)
     hooks.ENGINE = side
 
     def init_tokenizer_manager(*args, **kwargs):
@@ -92,11 +94,12 @@ def run_instance(spec: InstanceSpec) -> None:
         control_plane = LifecycleControlPlane()
         app.include_router(make_router(control_plane))
         side.events.local = lambda events: control_plane.ingest_payload({"events": events})
+        mark_admin_routes(app, {("POST", "/lifecycle/config")})
     app.add_middleware(EngineMiddleware, side=side)
 
     def on_serving() -> None:  # SGLang calls this from its warm-up thread once the server answers
         if spec.controller_url:
-            threading.Thread(target=_register_forever, args=(spec, lambda: side.role), name="prorsa-register",
+            threading.Thread(target=_register_forever, args=(spec, lambda: side.role, keys), name="prorsa-register",
                              daemon=True).start()
 
     try:
@@ -113,7 +116,7 @@ def registration(spec: InstanceSpec, role: str) -> dict:
             "bootstrap_port": spec.bootstrap_port, "bootstrap_host": host}
 
 
-def _register_forever(spec: InstanceSpec, current_role) -> None:
+def _register_forever(spec: InstanceSpec, current_role, keys: AuthKeys) -> None:
     import requests
 
     logged = False
@@ -121,7 +124,7 @@ def _register_forever(spec: InstanceSpec, current_role) -> None:
         body = json.dumps(registration(spec, current_role()))
         try:
             r = requests.post(spec.controller_url.rstrip("/") + "/prorsa/register", data=body, timeout=10,
-                              headers={"Content-Type": "application/json"})
+                              headers={"Content-Type": "application/json", **keys.admin_headers()})
             if r.status_code == 200 and not logged:
                 logger.info("registered with the controller at %s as %s", spec.controller_url, spec.instance_id)
                 logged = True

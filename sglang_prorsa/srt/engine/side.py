@@ -16,6 +16,7 @@ import aiohttp
 import orjson
 
 from sglang_prorsa.config import InstanceSpec
+from sglang_prorsa.srt.auth import AuthKeys
 from sglang_prorsa.srt.channel import EngineChannel
 from sglang_prorsa.srt.engine.book import RecordBook
 from sglang_prorsa.srt.engine.continuation import Continuation, ResumeFailed, handed_on_output, kept_from
@@ -39,8 +40,10 @@ CONTROL_TIMEOUT_S = 60.0
 
 
 class EngineSide:
-    def __init__(self, spec: InstanceSpec, channel: EngineChannel, tokenizer_manager: Any) -> None:
+    def __init__(self, spec: InstanceSpec, channel: EngineChannel, tokenizer_manager: Any,
+                 keys: AuthKeys = AuthKeys()) -> None:
         self.spec = spec
+        self.keys = keys
         self.instance_id = spec.instance_id
         self.channel = channel
         self.tm = tokenizer_manager
@@ -75,8 +78,12 @@ class EngineSide:
                 connector=aiohttp.TCPConnector(limit=0))
         return self._session
 
-    async def post_json(self, url: str, payload: Any, timeout_s: float = CONTROL_TIMEOUT_S) -> tuple[int, Any]:
-        async with self.session().post(url, data=orjson.dumps(payload), headers={"Content-Type": "application/json"},
+    async def post_json(self, url: str, payload: Any, timeout_s: float = CONTROL_TIMEOUT_S,
+                        generation: bool = False) -> tuple[int, Any]:
+        """POST to a peer or the controller, with this deployment's admin key (or its generation key)."""
+        auth = self.keys.generation_headers() if generation else self.keys.admin_headers()
+        async with self.session().post(url, data=orjson.dumps(payload),
+                                       headers={"Content-Type": "application/json", **auth},
                                        timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
             raw = await r.read()
             try:
@@ -85,12 +92,12 @@ class EngineSide:
                 return r.status, {"error": raw[:2000].decode(errors="replace")}
 
     async def post_raw(self, url: str, raw: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
-        async with self.session().post(url, data=raw, headers=headers) as r:
+        async with self.session().post(url, data=raw, headers={**headers, **self.keys.generation_headers()}) as r:
             return r.status, await r.read()
 
     async def stream(self, url: str, raw: bytes, headers: dict[str, str]) -> AsyncIterator[dict[str, Any]]:
         """POST a streaming /generate and yield each server-sent event's JSON (stops at [DONE])."""
-        async with self.session().post(url, data=raw, headers=headers) as r:
+        async with self.session().post(url, data=raw, headers={**headers, **self.keys.generation_headers()}) as r:
             if r.status != 200:
                 body = (await r.read())[:2000].decode(errors="replace")
                 raise ResumeFailed(f"{url} answered {r.status}: {body}")
