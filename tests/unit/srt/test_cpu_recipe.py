@@ -14,7 +14,8 @@ def test_recipe_adds_every_flag_when_none_given():
                         ("--cuda-graph-backend-decode", "disabled"), ("--max-total-tokens", "131072")]:
         assert cpu_recipe.flag_value(out, flag) == value
     assert "--sleep-on-idle" in out and "--disable-overlap-schedule" in out
-    assert "--disaggregation-decode-retraction-backup" not in out  # only for decode servers
+    # Every server: an instance a front starts as prefill may become decode (and the flag is inert elsewhere).
+    assert cpu_recipe.flag_value(out, "--disaggregation-decode-retraction-backup") == "cpu_tensor"
 
 
 def test_explicit_flags_win():

@@ -20,15 +20,14 @@ def _pool(seed: int):
 
 
 @pytest.mark.parametrize("n_tokens", [1, 63, 64, 150])
-def test_persist_then_load_reproduces_every_layer(tmp_path, n_tokens, monkeypatch):
-    monkeypatch.setenv("SGLANG_PRORSA_KV_BLOCK_TOKENS", "64")
+def test_persist_then_load_reproduces_every_layer(tmp_path, n_tokens):
     k, v = _pool(0)
     src = KVPageCodec.from_mha(k, v, page_size=1)
     tokens = list(range(100, 100 + n_tokens))
     slots = torch.randperm(POOL, generator=torch.Generator().manual_seed(1))[:n_tokens]
     store = FileKVStore(tmp_path, capacity_bytes=1 << 26)
     layout = layout_id("m", "float32", LAYERS, HEADS, DIM)
-    keys, bt, nbytes = persist_request_kv(src, store, tokens, slots, layout)
+    keys, bt, nbytes = persist_request_kv(src, store, tokens, slots, layout, block_tokens=64)
     assert bt == 64 and len(keys) == -(-n_tokens // 64)
     assert nbytes == n_tokens * LAYERS * 2 * HEADS * DIM * 4
 
@@ -45,13 +44,21 @@ def test_persist_then_load_reproduces_every_layer(tmp_path, n_tokens, monkeypatc
         assert torch.equal(v2[layer][new_slots], v[layer][slots[start:]])
 
 
-def test_a_missing_block_stops_the_prefix(tmp_path, monkeypatch):
-    monkeypatch.setenv("SGLANG_PRORSA_KV_BLOCK_TOKENS", "64")
+def test_a_missing_block_stops_the_prefix(tmp_path):
     k, v = _pool(2)
     codec = KVPageCodec.from_mha(k, v, page_size=1)
     store = FileKVStore(tmp_path, capacity_bytes=1 << 26)
-    keys, bt, _ = persist_request_kv(codec, store, list(range(200)), torch.arange(200), "L")
+    keys, bt, _ = persist_request_kv(codec, store, list(range(200)), torch.arange(200), "L", block_tokens=64)
     store.delete(keys[1])
     loaded = load_blocks(store, keys, bt, 0, 200)
     assert loaded.tokens == 64  # only the first block is usable: a prefix must be contiguous
     assert loaded.missing_blocks == 1 and loaded.checksum_failures == 0
+
+
+def test_block_size_defaults_to_a_few_mib_in_whole_pages():
+    from sglang_prorsa.srt.disaggregation.kv_persist import block_tokens_for
+
+    assert block_tokens_for(page_size=1, bytes_per_token=1024) == 1024  # 2 MiB / 1 KiB, capped at 1024
+    assert block_tokens_for(page_size=16, bytes_per_token=64 * 1024) == 32  # 2 MiB / 64 KiB
+    assert block_tokens_for(page_size=64, bytes_per_token=1 << 20) == 64  # never less than a page
+    assert block_tokens_for(page_size=16, bytes_per_token=1024, configured=100) == 96  # whole pages
