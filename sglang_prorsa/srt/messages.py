@@ -84,6 +84,16 @@ class ForgetPrefill:
 
 
 @dataclass(frozen=True)
+class PeerLost:
+    """A prefill instance at this bootstrap address died: take off every half still waiting for its KV (their holder
+    continues them elsewhere), forget its endpoints, and release halves bound to it that arrive for ``ttl_s``."""
+
+    host: str
+    port: int
+    ttl_s: float = 60.0
+
+
+@dataclass(frozen=True)
 class LoadPrefix:
     """Load a persisted prefix from the KV store into this instance's prefix cache, and keep it from eviction until
     the request ``hold_for_rid`` has been scheduled here or ``hold_s`` passed (issue 14: a loaded prefix is locked)."""

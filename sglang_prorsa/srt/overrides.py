@@ -187,6 +187,16 @@ def _wrap_generate_request() -> bool:
     return wrap_method(TokenizerManager, "generate_request", wrap_generate_request)
 
 
+def _wrap_control_methods() -> bool:
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    from sglang_prorsa.srt.engine.control_guard import GUARDED, wrap_control
+
+    for name in GUARDED:
+        wrap_method(TokenizerManager, name, wrap_control(name))
+    return True
+
+
 def _wrap_stream_one_response() -> bool:
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
@@ -268,4 +278,16 @@ def _register_builtin() -> None:
             "every other request pass through unchanged (srt/engine/hooks.py)."
         ),
         apply=_wrap_stream_one_response,
+    ))
+    REGISTRY.register(Override(
+        name="tokenizer_manager_control_ops_vs_switch",
+        target="sglang.srt.managers.tokenizer_manager:TokenizerManager.{update_weights_from_*, pause_generation, "
+               "continue_generation, release/resume_memory_occupation, flush_cache, *_weights_update_group}",
+        kind="wrapped methods",
+        reason=(
+            "A weight update, pause, memory release or flush must never interleave with this instance's busy switch "
+            "(issue 13): each runs under the lock the switch holds, and a pause or a memory release holds switches "
+            "until its counterpart. SGLang's methods run unchanged (srt/engine/control_guard.py)."
+        ),
+        apply=_wrap_control_methods,
     ))

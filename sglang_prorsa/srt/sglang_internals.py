@@ -33,6 +33,10 @@ CLASS_LEVEL: tuple[tuple[str, str], ...] = (
                                                                                  "switching instance"),
     ("sglang.srt.managers.tokenizer_manager:TokenizerManager._stream_one_response", "wrapped: resume in the engine"),
     ("sglang.srt.managers.tokenizer_manager:TokenizerManager.pd_role_switch", "SGLang's idle role flip"),
+    *((f"sglang.srt.managers.tokenizer_manager:TokenizerManager.{name}", "wrapped: serialised with switches")
+      for name in ("update_weights_from_disk", "update_weights_from_tensor", "update_weights_from_distributed",
+                   "init_weights_update_group", "destroy_weights_update_group", "flush_cache", "pause_generation",
+                   "continue_generation", "release_memory_occupation", "resume_memory_occupation")),
     ("sglang.srt.mem_cache.radix_cache:RadixKey", "prefix-cache keys for loaded prefixes"),
     ("sglang.srt.mem_cache.base_prefix_cache:MatchPrefixParams", "prefix match of a loaded prefix"),
     ("sglang.srt.mem_cache.base_prefix_cache:InsertParams", "insert a loaded prefix"),

@@ -5,6 +5,8 @@
     GET  /prorsa/instances, /prorsa/decision, /prorsa/metrics, /metrics, /workers, /health
     POST /prorsa/switch {"instance", "new_role"}, /prorsa/control_tick, /prorsa/register
     GET  /v1/models, /get_model_info, /get_server_info      answered by an active instance
+    SGLang's control routes (weights, pause/continue, flush, memory, abort, health_generate, /v1/loads): fanned
+    out to every instance (``control_ops.py``); GET /get_load: per-instance loads
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from sglang_prorsa import __version__
 from sglang_prorsa.config import Mode, ProrsaConfig
 from sglang_prorsa.srt.auth import AuthKeys, admin, mark_admin_routes
 from sglang_prorsa.srt.auth import install as install_auth
+from sglang_prorsa.srt.controller.control_ops import ControlOps
+from sglang_prorsa.srt.controller.control_ops import mount as mount_control_ops
+from sglang_prorsa.srt.controller.health import Health
 from sglang_prorsa.srt.controller.http import Http
 from sglang_prorsa.srt.controller.loop import ControlLoop
 from sglang_prorsa.srt.controller.metrics import merge_prometheus
@@ -54,8 +59,10 @@ class Front:
         router = RouterPools(config.prorsa_router, self.http) if config.prorsa_router else None
         self.orchestrator = Orchestrator(self.registry, self.http, router)
         self.control_plane = LifecycleControlPlane(config=PredictorConfig(horizon_s=config.prorsa_horizon_s))
-        self.loop = ControlLoop(config, self.registry, self.orchestrator, self.control_plane, self.http)
+        self.health = Health(self.registry, self.orchestrator, self.http, self.processes, self.specs)
+        self.loop = ControlLoop(config, self.registry, self.orchestrator, self.control_plane, self.http, self.health)
         self.relay = Relay(self.registry, pd=config.mode is not Mode.COLOCATED)
+        self.ops = ControlOps(self)
 
     async def any_active(self, path: str) -> tuple[int, Any]:
         for inst in self.registry:
@@ -178,6 +185,15 @@ def build_app(front: Front) -> FastAPI:
 
     for path in INFO_PATHS:
         app.add_api_route(path, _info_handler(front, path), methods=["GET"])
+
+    @app.get("/get_load")
+    async def get_load():
+        """Per-instance load, the shape of sglang-router's /get_loads."""
+        return {"loads": [{"instance": i.instance_id, "url": i.url, "role": i.role, "status": i.state.value,
+                           "running": i.running, "queued": i.queued, "inflight": i.inflight,
+                           "kv_footprint_tokens": i.kv_footprint_tokens} for i in front.registry]}
+
+    mount_control_ops(app, front.ops)
     install_auth(app, front.keys)
     return app
 

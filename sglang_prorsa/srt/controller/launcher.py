@@ -71,7 +71,8 @@ def run_front(config: ProrsaConfig, sglang_argv: list[str], host: str, port: int
                                   log_dir=log_dir, module=INSTANCE_MODULE, die_with_parent=True)
             started.append(srv)
             registry.add(Instance(instance_id=spec.instance_id, url=spec.url, role=spec.role,
-                                  bootstrap_host=spec.host, bootstrap_port=spec.bootstrap_port, started_here=True))
+                                  bootstrap_host=spec.host, bootstrap_port=spec.bootstrap_port, started_here=True,
+                                  pid=srv.pid))
         if started:
             logger.info("starting %d instances (logs in %s)", len(started), log_dir)
             with ThreadPoolExecutor(len(started)) as ex:

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from sglang_prorsa.config import ProrsaConfig
+from sglang_prorsa.srt.controller.health import Health
 from sglang_prorsa.srt.controller.http import Http
 from sglang_prorsa.srt.controller.orchestrator import Orchestrator, SwitchRefused
 from sglang_prorsa.srt.controller.registry import Instance, Registry, State
@@ -33,8 +34,9 @@ PROFILED_THETA_P = 2000.0
 
 class ControlLoop:
     def __init__(self, config: ProrsaConfig, registry: Registry, orchestrator: Orchestrator,
-                 control_plane: LifecycleControlPlane, http: Http) -> None:
+                 control_plane: LifecycleControlPlane, http: Http, health: Health) -> None:
         self.config = config
+        self.health = health
         self.registry = registry
         self.orchestrator = orchestrator
         self.control_plane = control_plane
@@ -45,12 +47,14 @@ class ControlLoop:
         self.controller = RoleSwitchController(ControllerConfig(horizon_s=config.prorsa_horizon_s, planner=planner),
                                                self.throughput, clock)
         self.decisions = 0
+        self.held_ticks = 0
         self.busy_intervals = 0
         self._tasks: list[asyncio.Task] = []
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._poll_forever()))
+        self._tasks.append(loop.create_task(self.health.watch_forever()))
         if self.config.switching:
             self._tasks.append(loop.create_task(self._control_forever()))
 
@@ -83,6 +87,8 @@ class ControlLoop:
                 logger.warning("instance %s failed %d checks: unhealthy", inst.instance_id, inst.missed_checks)
                 self.registry.set_state(inst, State.UNHEALTHY)
                 await self.orchestrator.push_peers()
+                if inst.role == "prefill":  # what waits for its KV would wait for a timeout: continue it elsewhere
+                    await self.health.notify_decodes(inst)
             return
         inst.missed_checks = 0
         inst.last_seen = time.time()
@@ -95,6 +101,7 @@ class ControlLoop:
             self.busy_intervals += 1
         if inst.state is State.UNHEALTHY and st.get("role") == inst.role:
             logger.info("instance %s answers again: active", inst.instance_id)
+            inst.epoch += 1  # it may have restarted behind the same address: decode instances re-learn it
             self.registry.set_state(inst, State.ACTIVE)
             await self.orchestrator.push_peers()
 
@@ -108,8 +115,12 @@ class ControlLoop:
                 logger.exception("control tick failed; retrying next interval")
 
     async def tick(self) -> dict[str, Any]:
-        """Forecast -> Eq. 1 -> plan -> busy switches, once."""
+        """Forecast -> Eq. 1 -> plan -> busy switches, once (held while a control operation holds switches: a
+        paused trainer is not low demand)."""
         forecast = await asyncio.to_thread(self.control_plane.forecast)
+        if self.orchestrator.held_by:
+            self.held_ticks += 1
+            return {"held_by": self.orchestrator.held_by, "forecast": forecast.to_dict(), "executed": []}
         profile = self.throughput.profile_of(1024)
         decision = self.controller.step(forecast.prefill_tokens, forecast.decode_kv_tokens, self.registry.reports(),
                                         profile)
@@ -124,5 +135,6 @@ class ControlLoop:
 
     def decision(self) -> dict[str, Any]:
         return {"decision": self.controller.last_decision(), "theta_p": self.throughput.snapshot(),
-                "horizon_s": self.config.prorsa_horizon_s}
+                "horizon_s": self.config.prorsa_horizon_s, "held_by": self.orchestrator.held_by,
+                "held_ticks": self.held_ticks}
 

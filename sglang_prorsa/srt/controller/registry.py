@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sglang_prorsa.srt.role_switch.capacity import InstanceReport, InstanceStatus, Role
@@ -55,7 +55,7 @@ class Instance:
     missed_checks: int = 0
     busy_seq: int = -1  # the last busy interval read from it (θ)
     last_switch_s: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    pid: int | None = None  # the process, for an instance this front started
 
     @property
     def routable(self) -> bool:
@@ -73,7 +73,8 @@ class Instance:
             "inflight_prompt_tokens": self.inflight_prompt_tokens, "running": self.running, "queued": self.queued,
             "kv_footprint_tokens": self.kv_footprint_tokens, "kv_capacity_tokens": self.kv_capacity_tokens,
             "prefix_cache_tokens": self.prefix_cache_tokens, "switches": self.switches, "role_since": self.role_since,
-            "target_role": self.target_role, "last_switch_s": self.last_switch_s,
+            "target_role": self.target_role, "last_switch_s": self.last_switch_s, "epoch": self.epoch,
+            "pid": self.pid,
         }
 
     def report(self) -> InstanceReport | None:
@@ -124,7 +125,9 @@ class Registry:
         if known is not None:
             known.last_seen = time.time()
             if known.state in (State.DEAD, State.UNHEALTHY) and known.url == url:
-                known.state, known.role = State.ACTIVE, role
+                # Back after a restart: its transfer endpoints are new (decode instances re-learn them).
+                known.state, known.role, known.epoch = State.ACTIVE, role, known.epoch + 1
+                known.missed_checks = 0
                 self.bump()
             return known, False
         inst = Instance(instance_id=instance_id, url=url.rstrip("/"), role=role, bootstrap_host=bootstrap_host,

@@ -6,6 +6,7 @@
     POST /prorsa/release {"rooms": [int], "only_not_started"?}   the other halves of these PD pairs moved: take ours
                                                          off (a prefill instance may keep those it began)
     POST /prorsa/expect {"rooms": [int]}                 the other halves are about to move: book records for ours
+    POST /prorsa/peer_lost {"bootstrap_host", "bootstrap_port"}   a prefill instance died: continue what waited on it
     POST /prorsa/kv/load {"token_ids", "keys", "block_tokens", "hold_for_rid"?}   load a persisted prefix
     POST /prorsa/peers {"instances": [...], "version"?}  the controller's registry, for continuing requests
     GET  /prorsa/status                                  role, idle, loads, KV, counters, busy intervals, engine state
@@ -27,7 +28,7 @@ from sglang_prorsa.srt.engine.peers import Peer
 from sglang_prorsa.srt.engine.side import EngineSide
 from sglang_prorsa.srt.engine.switch import SwitchFailed, SwitchJob
 from sglang_prorsa.srt.entrypoints.http_utils import coded_error, field_error, json_object
-from sglang_prorsa.srt.messages import ChannelError, Code, LoadPrefix, Status
+from sglang_prorsa.srt.messages import ChannelError, Code, LoadPrefix, PeerLost, Status
 from sglang_prorsa.srt.scheduler.counters import prometheus_text
 
 logger = logging.getLogger(__name__)
@@ -56,11 +57,14 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
             return field_error("timeout_s", "must be a number of seconds in (0, 3600]")
         if side.switch is not None:
             return coded_error(409, Code.SWITCHING, "a switch is already running on this instance")
+        if side.held:
+            return coded_error(409, Code.CONTROL_OPERATION, f"switches are held: {', '.join(sorted(side.held))}")
         if side.role == new_role:
             return coded_error(409, Code.ALREADY_IN_ROLE, f"instance is already {new_role}", field="new_role")
         job = side.switch = SwitchJob(side, new_role, float(timeout_s), cpu)
         try:
-            report = await job.run()
+            async with side.ops_lock:  # a weight update or pause arriving now waits for the rebuilt role
+                report = await job.run()
         except SwitchFailed as e:
             return coded_error(e.status, Code.UPSTREAM, f"switch failed: {e}", detail=job.report())
         except (ChannelError, TimeoutError) as e:
@@ -112,6 +116,23 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
             return field_error("only_not_started", "must be true or false")
         rids, taken = await side.release_here(rooms, only)
         return JSONResponse({"released": rids, "rooms": taken})
+
+    @router.post("/prorsa/peer_lost")
+    @admin
+    async def peer_lost(request: Request):
+        body = await json_object(request)
+        if isinstance(body, JSONResponse):
+            return body
+        host, port = body.get("bootstrap_host"), body.get("bootstrap_port")
+        if not isinstance(host, str) or not host:
+            return field_error("bootstrap_host", "must be a host name or address")
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+            return field_error("bootstrap_port", "must be a port number")
+        if side.role != "decode":
+            return JSONResponse({"released": []})
+        res = await side.channel.call(PeerLost(host=host, port=port))
+        side.counters["released_for_lost_prefill"] += len(res.rids)
+        return JSONResponse({"released": res.rids})
 
     @router.post("/prorsa/expect")
     @admin

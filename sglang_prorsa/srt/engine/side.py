@@ -55,6 +55,8 @@ class EngineSide:
         self._rebuilt = asyncio.Event()
         self._rebuilt.set()
         self.entering = 0  # generation requests inside the tokenizer manager, not yet handed to the scheduler
+        self.ops_lock = asyncio.Lock()  # a busy switch and SGLang's control operations never interleave here
+        self.held: set[str] = set()  # control states that hold switches (generation paused, memory released)
         self.switch = None  # the SwitchJob in progress
         self.switches = 0
         self.last_switch: dict[str, Any] | None = None
@@ -272,6 +274,7 @@ class EngineSide:
 
     def status(self) -> dict[str, Any]:
         return {"admitting": self.admitting, "rebuilding": self.rebuilding, "switching": self.switch is not None,
+                "held_by": sorted(self.held),
                 "switches": self.switches, "last_switch": self.last_switch, "resuming": self.resuming,
                 "entering": self.entering, "records_waiting": len(self.book), "engine_counters": dict(self.counters),
                 "peers_version": self.peers.version}

@@ -44,7 +44,7 @@ class Relay:
         self.pd = pd
         self.affinity: OrderedDict[str, str] = OrderedDict()
         self._session: aiohttp.ClientSession | None = None
-        self.stats = {"requests": 0, "retried": 0, "failed": 0, "affinity_hits": 0}
+        self.stats = {"requests": 0, "retried": 0, "failed": 0, "affinity_hits": 0, "streams_broken": 0}
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -143,6 +143,8 @@ class Relay:
         if not stream or resp.status != 200:
             try:
                 content = await resp.read()
+            except aiohttp.ClientPayloadError as e:  # the instance died mid-answer: nothing reached the caller
+                raise aiohttp.ServerDisconnectedError(str(e)) from e
             finally:
                 resp.release()
                 self._done(target, decode, first, prompt)
@@ -152,6 +154,11 @@ class Relay:
             try:
                 async for chunk in resp.content.iter_any():
                     yield chunk
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                # The instance holding this stream died after part of it was sent: say so, explicitly.
+                self.stats["streams_broken"] += 1
+                yield b"data: " + orjson.dumps({"error": {"message": f"instance {target.instance_id} lost: {e}",
+                                                          "code": Code.UPSTREAM.value}}) + b"\n\n"
             finally:
                 resp.release()
                 self._done(target, decode, first, prompt)

@@ -31,6 +31,7 @@ from sglang_prorsa.srt.messages import (
     MigratedRequest,
     MigrateOut,
     MigrateOutResult,
+    PeerLost,
     QueuedItem,
     ReleaseResult,
     ReleaseRooms,
@@ -124,6 +125,7 @@ class SchedulerSide:
             self.s.idle_sleeper.poller.register(self.channel.control, zmq.POLLIN)
         self.kv = KVSide(scheduler, runtime.kv_store, self.counters)
         self.released: dict[int, float] = {}  # bootstrap room -> expiry (monotonic)
+        self.lost: dict[tuple[str, int], float] = {}  # a dead prefill's bootstrap address -> expiry
 
     # -- loop ---------------------------------------------------------------------------------------------------
     def role(self) -> str:
@@ -138,7 +140,7 @@ class SchedulerSide:
     def poll(self) -> None:
         self._check_role()
         self.channel.poll()
-        if self.released:
+        if self.released or self.lost:
             self._release_late_arrivals()
         self.kv.expire_holds(self._known_rids())
         self.counters.observe_busy(not self.quiet(), self.role())
@@ -156,6 +158,8 @@ class SchedulerSide:
             return self.kv.load_prefix(msg)
         if isinstance(msg, ForgetPrefill):
             return self.forget_prefill(msg)
+        if isinstance(msg, PeerLost):
+            return self.peer_lost(msg)
         raise TypeError(f"unknown prorsa control message {type(msg).__name__}")
 
     # -- what is here ---------------------------------------------------------------------------------------------
@@ -271,8 +275,24 @@ class SchedulerSide:
         now = time.monotonic()
         for room in [r for r, t in self.released.items() if t < now]:
             del self.released[room]
+        for addr in [a for a, t in self.lost.items() if t < now]:
+            del self.lost[addr]
         if self.released:
             self._release_matching(set(self.released))
+        if self.lost:
+            self._release_bound_to(set(self.lost))
+
+    def peer_lost(self, msg: PeerLost) -> ReleaseResult:
+        self.lost[(msg.host, msg.port)] = time.monotonic() + msg.ttl_s
+        self.forget_prefill(ForgetPrefill(addresses=frozenset({(msg.host, msg.port)})))
+        return self._release_bound_to({(msg.host, msg.port)})
+
+    def _release_bound_to(self, addresses: set[tuple[str, int]]) -> ReleaseResult:
+        """Decode halves waiting for KV from a dead prefill instance: continued elsewhere by their holder."""
+        rooms = {item.req.bootstrap_room for item in self._decode_queue_items()
+                 if (item.req.bootstrap_host, item.req.bootstrap_port) in addresses}
+        rids, taken = self._release_matching(rooms) if rooms else ([], [])
+        return ReleaseResult(rids=rids, rooms=taken)
 
     def _release_matching(self, rooms: set[int], only_not_started: bool = False) -> tuple[list[str], list[int]]:
         """Take off the halves of these PD pairs: on decode, those still waiting for their KV (their holder continues

@@ -1,7 +1,8 @@
 """Busy switching with the resume inside the engine (issue 12), on real SGLang servers over Mooncake TCP.
 
-One deployment serves every test here: four instances under one front (its controller), and sglang-router 0.3.2 in
-PD mode over the same instances, whose pools the controller keeps in step with every switch. Each busy switch runs
+One deployment serves every test of this package (``conftest.py``): four instances under one front (its
+controller), and sglang-router 0.3.2 in PD mode over the same instances, whose pools the controller keeps in step
+with every switch. Each busy switch runs
 the same greedy requests once unswitched (the reference) and once with a switch in the middle; outputs must be
 identical, whichever way the requests came in (our front, the real router, streaming, the OpenAI chat route).
 """
@@ -31,8 +32,6 @@ from tests_support import (
     flush_prefix_caches,
     instances,
     max_logprob_gap,
-    running_front,
-    running_router,
     status,
 )
 
@@ -41,16 +40,6 @@ pytestmark = pytest.mark.integration
 DECODE_PROMPTS = distinct_prompts(32, lambda i: 24 + 3 * i, seed=1)
 PREFILL_PROMPTS = distinct_prompts(12, lambda i: 400 + i, seed=2)  # long: a queue builds on the prefill instances
 _references: dict[tuple, list] = {}
-
-
-@pytest.fixture(scope="module")
-def deployment(tiny_model, log_dir, tmp_path_factory):
-    store = tmp_path_factory.mktemp("kv-store")
-    with running_router(log_dir) as router, running_front(
-            log_dir, ["--prorsa-kv-store", "file", "--prorsa-kv-store-path", str(store), "--prorsa-router",
-                      router.url], n_instances=4, initial_prefill=2) as front:
-        front.router, front.store = router, store
-        yield front
 
 
 def reference(front, prompts, max_new) -> list:

@@ -1,0 +1,147 @@
+"""Reliability (issue 14) on the package's deployment: nothing lost at a fast switch rate, instances killed while busy.
+
+Runs last in the package: the kills restart instances. Bounded: 64 requests and 10 switches in a few minutes, then
+one SIGKILL of a decode and of a prefill instance, each with its restart awaited.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from sglang_prorsa.testing.front_client import busiest, distinct_prompts, generate, run_all, switch
+from tests_support import (
+    LOGPROB_TOL,
+    PAGE,
+    arrange,
+    computed_tokens,
+    flush_prefix_caches,
+    instances,
+    max_logprob_gap,
+    status,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def _lengths(i: int) -> int:
+    return 12 + (i * 97) % 389  # 12 ... 400 tokens
+
+
+def test_nothing_is_lost_at_a_fast_switch_rate(deployment):
+    front = deployment
+    arrange(front, prefill=2, decode=2)
+    prompts = distinct_prompts(64, _lengths, seed=11)
+    max_new = [48 + (i * 53) % 193 for i in range(64)]  # 48 ... 240 new tokens
+    jobs = list(zip(prompts, max_new))
+    ref = run_all(lambda j: generate(front.url, j[0], j[1]), jobs)
+    assert all(s == 200 for s, _ in ref)
+    flush_prefix_caches(front)
+    computed_before = computed_tokens(front)
+    done = threading.Event()
+    reports: list[dict] = []
+
+    def switch_ten_times() -> None:
+        last = None
+        for k in range(10):
+            insts = [i for i in instances(front.url) if i["status"] == "active"]
+            n_p = sum(i["role"] == "prefill" for i in insts)
+            if last is not None and k % 3 == 2:
+                target, role = last  # back-to-back: the instance just switched, straight back
+            elif n_p > 1 and k % 2:
+                target, role = busiest(front.url, "prefill"), "decode"
+            else:
+                target, role = busiest(front.url, "decode"), "prefill"
+            r = switch(front.url, target["instance"], role)
+            if r.status_code == 200:
+                reports.append(r.json())
+                last = (target, "decode" if role == "prefill" else "prefill")
+            time.sleep(0.5)
+        done.set()
+
+    with ThreadPoolExecutor(64) as ex:
+        futures = [ex.submit(generate, front.url, p, n) for p, n in jobs]
+        time.sleep(2.0)  # let requests start everywhere
+        switcher = threading.Thread(target=switch_ten_times)
+        switcher.start()
+        got = [f.result() for f in futures]
+        switcher.join()
+    assert len(reports) >= 8, reports
+    assert sum(r["taken"] for r in reports) >= 10  # the switches did move requests
+    moves = 0
+    for (_, r), (s, out) in zip(ref, got):
+        assert s == 200, out
+        assert out["output_ids"] == r["output_ids"]
+        assert max_logprob_gap(out, r) <= LOGPROB_TOL
+        moves += sum(1 for m in out["meta_info"].get("prorsa", {}).get("migrations", []) if m["stage"] == "running")
+    # None duplicated: each prompt computed once, plus at most one page per resume from persisted KV.
+    extra = computed_tokens(front) - computed_before - sum(len(p) for p in prompts)
+    assert 0 <= extra <= moves * PAGE, (extra, moves)
+
+
+def _kill_and_wait(front, inst: dict) -> None:
+    os.kill(inst["pid"], signal.SIGKILL)  # a process this test's front started
+    deadline = time.monotonic() + 600
+    while True:
+        now = {i["instance"]: i for i in instances(front.url)}[inst["instance"]]
+        if now["status"] == "active" and now["pid"] != inst["pid"]:
+            return
+        assert time.monotonic() < deadline, now
+        time.sleep(1.0)
+
+
+def _answers_while_killing(front, prompts, max_new, pick, ready) -> tuple[list, list, dict]:
+    ref = run_all(lambda p: generate(front.url, p, max_new), prompts)
+    with ThreadPoolExecutor(len(prompts)) as ex:
+        futures = [ex.submit(generate, front.url, p, max_new) for p in prompts]
+        deadline = time.monotonic() + 300
+        while True:
+            victim = pick()
+            if ready(status(victim["url"])):
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        killer = threading.Thread(target=_kill_and_wait, args=(front, victim))
+        killer.start()
+        got = [f.result() for f in futures]
+        killer.join()
+    return ref, got, victim
+
+
+def test_a_decode_instance_killed_while_busy_loses_nothing_and_rejoins(deployment):
+    front = deployment
+    arrange(front, prefill=2, decode=2)
+    prompts = distinct_prompts(16, lambda i: 30 + 4 * i, seed=12)
+    ref, got, victim = _answers_while_killing(front, prompts, 160, lambda: busiest(front.url, "decode"),
+                                              lambda st: st["running"] >= 4)
+    for (_, r), (s, out) in zip(ref, got):
+        assert s == 200, out  # its requests were sent again on another pair (nothing had reached the caller)
+        assert out["output_ids"] == r["output_ids"]
+    back = {i["instance"]: i for i in instances(front.url)}[victim["instance"]]
+    assert back["status"] == "active" and back["role"] == "decode" and back["epoch"] > victim["epoch"]
+    ok, out = generate(front.url, prompts[0], 8)  # and the pool serves again
+    assert ok == 200
+
+
+def test_a_prefill_instance_killed_while_busy_loses_nothing_and_rejoins(deployment):
+    front = deployment
+    arrange(front, prefill=2, decode=2)
+    prompts = distinct_prompts(12, lambda i: 300 + i, seed=13)
+
+    def most_queued() -> dict:
+        cands = [i for i in instances(front.url) if i["role"] == "prefill" and i["status"] == "active"]
+        return max(cands, key=lambda i: status(i["url"])["queued"])
+
+    ref, got, victim = _answers_while_killing(front, prompts, 8, most_queued, lambda st: st["queued"] >= 3)
+    for (_, r), (s, out) in zip(ref, got):
+        assert s == 200, out  # halves that waited for its KV were continued elsewhere by their decode instance
+        assert out["output_ids"] == r["output_ids"]
+    back = {i["instance"]: i for i in instances(front.url)}[victim["instance"]]
+    assert back["status"] == "active" and back["role"] == "prefill"
+    assert requests.get(back["url"] + "/health", timeout=10).status_code == 200
