@@ -1,0 +1,298 @@
+"""Duration histories per conditioning class, and their vectorised use at refresh time.
+
+A ``DurationStore`` keeps, for one kind of phase (tool -> next request, decode, reward, ...), a bounded history of
+completed and censored durations per class. Classes are tuples of interned column values, finest first, for
+example (task, tool) -> (task,) -> () for tool returns (B.5 conditions on task and tool; B.3 on the startup mode).
+Every finished phase is recorded in each of its classes. At refresh, each live trajectory uses the finest class with
+at least ``min_samples`` completions, else the finest with any, else the class's prior (an exponential with the
+configured mean). Live trajectories are censored observations (still running at their elapsed time) of each class
+they belong to, so a class's Kaplan-Meier curve is not biased toward the short durations that finish first.
+
+``DurationStore.evaluate`` turns the live trajectories of one state into per-trajectory probabilities with a few
+numpy passes: class resolution by look-up tables over interned ids, one bincount for the live censoring, one small
+table per used class (grid.py), one gather. Memory is bounded: at most ``MAX_CLASSES`` classes per store, each with
+at most ``history`` completed and ``history`` censored durations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from sglang_prorsa.srt.forecast.grid import GridCurve, MAX_GRID_POINTS, censor_bins, chain_table, event_bins
+
+MAX_CLASSES = 4096
+Key = tuple  # (level, *interned ids)
+
+
+class DurationClass:
+    """Recent durations of one class: completed and censored (aborted), each with its start time.
+
+    Two estimates come out of it (``curve``). The *cohort*: every operation that started after the latest start
+    among the evicted entries. Its completions are all still in the history and its running members are the live
+    ones, so the product limit over them (running ones censored at their elapsed time) is unbiased, in a transient
+    (a step that just started, where only the short operations have finished) as in steady state; it covers ages up
+    to now - that start. Beyond that age, the *complete sample* of retained completions takes over (a sample of
+    recent completions has the duration distribution in steady state; running items must not be added to it, they
+    would count the long durations twice)."""
+
+    __slots__ = ("completed", "starts", "censored", "censored_starts", "evicted_start", "_sum", "_hist")
+
+    def __init__(self, history: int) -> None:
+        self.completed: deque[float] = deque(maxlen=history)
+        self.starts: deque[float] = deque(maxlen=history)
+        self.censored: deque[float] = deque(maxlen=history)
+        self.censored_starts: deque[float] = deque(maxlen=history)
+        self.evicted_start = -math.inf  # the cohort is what started after this
+        self._sum = 0.0
+        self._hist: tuple | None = None  # (dt, histograms), rebuilt when dirty
+
+    def record(self, duration: float, completed: bool, end: float = 0.0) -> None:
+        values, starts = (self.completed, self.starts) if completed else (self.censored, self.censored_starts)
+        if len(values) == values.maxlen:
+            self.evicted_start = max(self.evicted_start, starts[0])
+            if completed:
+                self._sum -= values[0]
+        values.append(duration)
+        starts.append(end - duration)
+        if completed:
+            self._sum += duration
+        self._hist = None
+
+    @property
+    def count(self) -> int:
+        return len(self.completed)
+
+    @property
+    def mean(self) -> float:
+        return self._sum / len(self.completed) if self.completed else 0.0
+
+    def histograms(self, dt: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(cohort completions, cohort censored, all completions, all censored) per grid point."""
+        if self._hist is None or self._hist[0] != dt:
+            done = np.fromiter(self.completed, np.float64, len(self.completed))
+            cens = np.fromiter(self.censored, np.float64, len(self.censored))
+            in_done = np.fromiter(self.starts, np.float64, len(self.starts)) > self.evicted_start
+            in_cens = np.fromiter(self.censored_starts, np.float64, len(self.censored_starts)) > self.evicted_start
+            hist = lambda x, bins: np.bincount(bins(x, dt), minlength=1).astype(np.float64)  # noqa: E731
+            self._hist = (dt, hist(done[in_done], event_bins), hist(cens[in_cens], censor_bins),
+                          hist(done, event_bins), hist(cens, censor_bins))
+        return self._hist[1:]
+
+
+def _add(a: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    if b is None or not b.size:
+        return a
+    out = np.zeros(max(a.size, b.size))
+    out[: a.size] += a
+    out[: b.size] += b
+    return out
+
+
+class DurationStore:
+    def __init__(self, name: str, levels: Sequence[tuple[str, ...]], prior_s: float, *, history: int = 2048,
+                 min_samples: int = 32, prior_of: Callable[[Key], float | None] | None = None) -> None:
+        self.name = name
+        self.levels = tuple(tuple(lv) for lv in levels)
+        self.prior_s = float(prior_s)
+        self.history = int(history)
+        self.min_samples = int(min_samples)
+        self._prior_of = prior_of
+        self.classes: dict[Key, DurationClass] = {}
+
+    # ----- recording (event path, O(levels)) -----
+    def keys(self, ids: Mapping[str, int]) -> list[Key]:
+        return [(i, *(ids[c] for c in lv)) for i, lv in enumerate(self.levels)]
+
+    def record(self, ids: Mapping[str, int], duration: float, completed: bool = True, end: float = 0.0) -> None:
+        """One finished (``completed``) or cut-short operation of ``duration`` seconds that ended at ``end``."""
+        duration = max(0.0, float(duration))
+        for key in self.keys(ids):
+            cls = self.classes.get(key)
+            if cls is None:
+                if len(self.classes) >= MAX_CLASSES and key[1:]:
+                    continue  # full: the coarser classes still learn
+                cls = self.classes[key] = DurationClass(self.history)
+            cls.record(duration, completed, float(end))
+
+    def prior(self, key: Key) -> float:
+        value = self._prior_of(key) if self._prior_of else None
+        return self.prior_s if value is None else float(value)
+
+    def tail_mean(self, key: Key) -> float:
+        cls = self.classes.get(key)
+        return cls.mean if cls is not None and cls.count else self.prior(key)
+
+    def resolve_one(self, ids: Mapping[str, int]) -> Key:
+        """The class one trajectory uses (for diagnostics and tests)."""
+        keys = self.keys(ids)
+        for key in keys:
+            cls = self.classes.get(key)
+            if cls is not None and cls.count >= self.min_samples:
+                return key
+        for key in keys:
+            cls = self.classes.get(key)
+            if cls is not None and cls.count:
+                return key
+        return keys[-1]
+
+    def curve(self, key: Key, dt: float, live_censored: np.ndarray | None = None, now: float | None = None) -> GridCurve:
+        """The class's survival curve. With ``now`` and the live items' elapsed-time histogram: the cohort estimate
+        (live items censored) up to the cohort's age, the complete sample beyond; without: the complete sample."""
+        cls = self.classes.get(key)
+        if cls is None or not cls.count:
+            return GridCurve(np.zeros(1), np.zeros(1), dt, self.prior(key))
+        ev_c, ce_c, ev_all, ce_all = cls.histograms(dt)
+        if now is None:
+            return GridCurve(ev_all, ce_all, dt, cls.mean)
+        age = now - cls.evicted_start
+        if not math.isfinite(age):  # nothing evicted: the history holds every completion, the cohort is everything
+            return GridCurve(ev_c, _add(ce_c, live_censored), dt, cls.mean)
+        splice = int(max(0.0, age) / dt)
+        live = None if live_censored is None else live_censored[: splice + 1]
+        return GridCurve(ev_c, _add(ce_c, live), dt, cls.mean, late_events=ev_all, late_censored=ce_all,
+                         splice_at=splice)
+
+    # ----- refresh (vectorised over the live trajectories of one state) -----
+    def resolve(self, ids: Mapping[str, np.ndarray], radix: Mapping[str, int], n: int | None = None,
+                ) -> tuple[np.ndarray, list[Key], list[np.ndarray]]:
+        """Per live trajectory: index into the returned list of used class keys; plus each level's codes."""
+        if n is None:
+            n = next(iter(ids.values())).size if ids else 0
+        codes = []
+        for lv in self.levels:
+            code = np.zeros(n, np.int64)
+            for c in lv:
+                code = code * radix[c] + ids[c]
+            codes.append(code)
+        used: list[Key] = []
+        index_of: dict[Key, int] = {}
+        res = np.full(n, -1, np.int64)
+        for min_count in (self.min_samples, 1):
+            for level, lv in enumerate(self.levels):
+                if not (res < 0).any():
+                    break
+                space = int(np.prod([radix[c] for c in lv])) if lv else 1
+                lut = np.full(space, -1, np.int64)
+                for key, cls in self.classes.items():
+                    if key[0] == level and cls.count >= min_count:
+                        code = 0
+                        for c, v in zip(lv, key[1:]):
+                            code = code * radix[c] + v
+                        if code < space:
+                            lut[code] = index_of.setdefault(key, len(index_of))
+                cand = lut[codes[level]]
+                res = np.where(res < 0, cand, res)
+        used = list(index_of)
+        missing = res < 0
+        if missing.any():  # no data at any level: the coarsest class's prior
+            last = len(self.levels) - 1
+            lv = self.levels[last]
+            for code in np.unique(codes[last][missing]).tolist():
+                vals, rest = [], code
+                for c in reversed(lv):
+                    vals.append(rest % radix[c])
+                    rest //= radix[c]
+                key = (last, *reversed(vals))
+                k = index_of.setdefault(key, len(index_of))
+                res[missing & (codes[last] == code)] = k
+            used = list(index_of)
+        return res, used, codes
+
+    def fit(self, ids: Mapping[str, np.ndarray], radix: Mapping[str, int], elapsed: np.ndarray, dt: float,
+            now: float | None) -> "Fitted":
+        """Resolve each live item's class and build the used classes' curves, every item of the phase censored at
+        its elapsed time (``now`` None: complete-sample curves, no censoring)."""
+        res, used, codes = self.resolve(ids, radix, elapsed.size)
+        live = self._live_censoring(used, res, codes, censor_bins(elapsed, dt), radix) if now is not None else {}
+        curves = [self.curve(key, dt, live.get(j), now) for j, key in enumerate(used)]
+        return Fitted(self, res, used, curves, dt)
+
+    def evaluate(self, ids: Mapping[str, np.ndarray], radix: Mapping[str, int], elapsed: np.ndarray, dt: float,
+                 horizons: Sequence[float], then: Callable[[Key], np.ndarray | None] | None = None,
+                 now: float | None = None, also: tuple[Mapping[str, np.ndarray], np.ndarray] | None = None,
+                 ) -> list[np.ndarray]:
+        """q_i = P(A - e_i + B < h | A > e_i) for each horizon h, per live trajectory i (see grid.py).
+
+        ``then(key)`` gives the CDF on the grid of the phases that follow A for trajectories of class ``key``
+        (None: the arrival is A's end). ``also`` = (ids, elapsed) of further items still running in this phase
+        (in a later state of the same phase): censored like the others, not evaluated."""
+        n = elapsed.size
+        if n == 0:
+            return [np.zeros(0) for _ in horizons]
+        if also is not None and also[1].size:
+            ids = {k: np.concatenate((v, also[0][k])) for k, v in ids.items()}
+            all_elapsed = np.concatenate((elapsed, also[1]))
+        else:
+            all_elapsed = elapsed
+        fitted = self.fit(ids, radix, all_elapsed, dt, now)
+        return fitted.probabilities(fitted.res[:n], elapsed, horizons, then)
+
+    def _live_censoring(self, used: list[Key], res: np.ndarray, codes: list[np.ndarray], ebins: np.ndarray,
+                        radix: Mapping[str, int]) -> dict[int, np.ndarray]:
+        """Per used class: histogram of the elapsed times of the live trajectories that belong to it (any level)."""
+        out: dict[int, np.ndarray] = {}
+        width = int(min(MAX_GRID_POINTS, ebins.max() + 1)) if ebins.size else 1
+        for level, lv in enumerate(self.levels):
+            members = [(j, key) for j, key in enumerate(used) if key[0] == level]
+            if not members:
+                continue
+            space = int(np.prod([radix[c] for c in lv])) if lv else 1
+            lut = np.full(space, -1, np.int64)
+            for j, key in members:
+                code = 0
+                for c, v in zip(lv, key[1:]):
+                    code = code * radix[c] + v
+                if code < space:
+                    lut[code] = j
+            row = lut[codes[level]]
+            sel = row >= 0
+            if not sel.any():
+                continue
+            slots = np.unique(row[sel])
+            flat = np.bincount(row[sel] * width + ebins[sel], minlength=(int(slots.max()) + 1) * width)
+            for j in slots.tolist():
+                out[j] = flat[j * width:(j + 1) * width].astype(np.float64)
+        return out
+
+
+class Fitted:
+    """A store's curves for one refresh: per used class, fitted with the live items' censoring."""
+
+    def __init__(self, store: DurationStore, res: np.ndarray, used: list[Key], curves: list[GridCurve], dt: float):
+        self.store, self.res, self.used, self.curves, self.dt = store, res, used, curves, dt
+        self._index = {key: j for j, key in enumerate(used)}
+
+    def curve(self, key: Key) -> GridCurve:
+        j = self._index.get(key)
+        return self.curves[j] if j is not None else self.store.curve(key, self.dt)
+
+    def probabilities(self, res: np.ndarray, elapsed: np.ndarray, horizons: Sequence[float],
+                      then: Callable[[Key], np.ndarray | None] | None) -> list[np.ndarray]:
+        dt = self.dt
+        short, long, offset, last = [[] for _ in horizons], [[] for _ in horizons], [], []
+        base = 0
+        for key, curve in zip(self.used, self.curves):
+            cdf = then(key) if then is not None else None
+            tables = [chain_table(curve, h, cdf) for h in horizons]
+            for t, table in enumerate(tables):
+                short[t].append(table.q_short)
+                long[t].append(table.q_long)
+            offset.append(base)
+            last.append(tables[0].last)
+            base += tables[0].q_short.size
+        offset_a, last_a = np.asarray(offset), np.asarray(last)
+        b = np.floor(np.maximum(elapsed, 0.0) / dt + 1e-9)
+        frac = elapsed / dt - b
+        tail = b >= last_a[res]
+        w = np.where(tail | (frac <= 1e-9), 0.0, np.minimum(frac + 0.5, 1.0))
+        k = np.minimum(b.astype(np.int64), last_a[res]) + offset_a[res]
+        out = []
+        for t in range(len(horizons)):
+            qs, ql = np.concatenate(short[t]), np.concatenate(long[t])
+            lo = qs[k]
+            out.append(lo + w * (ql[k] - lo))
+        return out
