@@ -98,10 +98,13 @@ class LifecycleStatistics(TrackerObserver):
             Phase.LAUNCH: DurationStore("launch", [("task",), ()], config.launch_delay_prior_s, **kw),
             Phase.STARTUP: DurationStore("startup", [("task", "mode"), ("mode",)], config.prewarm_startup_prior_s,
                                          prior_of=startup_prior, **kw),
+            Phase.SANDBOX: DurationStore("sandbox", [("task", "mode"), ("mode",)], config.prewarm_startup_prior_s,
+                                         prior_of=startup_prior, **kw),
             Phase.READY_WAIT: DurationStore("ready_wait", [("task",), ()], config.ready_wait_prior_s, **kw),
             Phase.DECODE: DurationStore("decode", [("task",), ()], config.decode_prior_s, **kw),
             Phase.DECODE_RETURN: DurationStore("decode_return", [("task",), ()], config.tool_prior_s, **kw),
             Phase.TOOL_RETURN: DurationStore("tool_return", [("task", "tool"), ("task",), ()], config.tool_prior_s, **kw),
+            Phase.TOOL: DurationStore("tool", [("task", "tool"), ("task",), ()], config.tool_prior_s, **kw),
             Phase.POST_TOOL: DurationStore("post_tool", [("task",), ()], config.post_tool_prior_s, **kw),
             Phase.REWARD: DurationStore("reward", [("task",), ()], config.reward_prior_s, **kw),
             Phase.RESEND: DurationStore("resend", [()], config.resend_prior_s, **kw),
@@ -112,6 +115,9 @@ class LifecycleStatistics(TrackerObserver):
         self._growth: dict[tuple, _WindowMean] = {}  # (task, tool) / (task,) / () -> prompt growth per turn
         self._continue: dict[tuple, list[int]] = {}  # (task, bucket) / (task,) / () -> [calls tool, responses]
         self._decode_tokens: dict[int | None, list[float]] = {}  # task -> [output tokens, decode seconds]
+        # how often the trainer reports the end of a tool / a ready sandbox before the request: [reported, seen]
+        self.tool_end_reported = [0, 0]
+        self.sandbox_ready_reported = [0, 0]
 
     # ----- ids of a trajectory in the tracker's interned columns -----
     def ids(self, traj: Trajectory) -> dict[str, int]:
@@ -143,6 +149,13 @@ class LifecycleStatistics(TrackerObserver):
 
     def on_prefill_arrival(self, traj: Trajectory, ts: float, prompt_tokens: int, previous_tokens: int | None) -> None:
         task = self.task_id(traj)
+        state = traj.state  # still the state the request leaves
+        if state in (TrajState.TOOL, TrajState.TOOL_DONE):
+            self.tool_end_reported[0] += state is TrajState.TOOL_DONE
+            self.tool_end_reported[1] += 1
+        elif state in (TrajState.SANDBOX_STARTING, TrajState.SANDBOX_READY):
+            self.sandbox_ready_reported[0] += state is TrajState.SANDBOX_READY
+            self.sandbox_ready_reported[1] += 1
         if previous_tokens is None:
             for key in (task, None):
                 self._first_prompt.setdefault(key, _Ema()).update(prompt_tokens)
@@ -199,11 +212,19 @@ class LifecycleStatistics(TrackerObserver):
     def calls_tool(self, task: int, turn: int) -> float:
         """P(a response at ``turn`` calls a tool): counts per (task, turn class) shrunk toward the task's, and the
         task's toward all tasks'; 1.0 before any response was seen (B.5 assumes the tool follows)."""
+        return self.calls_tool_in_bucket(task, turn_bucket(turn))
+
+    def calls_tool_in_bucket(self, task: int, bucket: int) -> float:
         p = 1.0
-        for key in ((), (task,), (task, turn_bucket(turn))):
+        for key in ((), (task,), (task, bucket)):
             tools, total = self._continue.get(key, (0, 0))
             p = (tools + CONTINUE_SHRINK * p) / (total + CONTINUE_SHRINK)
         return p
+
+    @staticmethod
+    def mostly(counts: list[int]) -> bool:
+        """True once at least half of the observed hand-offs reported the intermediate hint."""
+        return counts[1] > 0 and 2 * counts[0] >= counts[1]
 
     def decode_tokens_per_s(self, task: int | None) -> float:
         acc = self._decode_tokens.get(task) or self._decode_tokens.get(None)

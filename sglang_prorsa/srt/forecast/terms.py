@@ -106,6 +106,12 @@ class Snapshot:
                 "mode": (self.mode[idx] == 1).astype(np.int64)}
 
 
+def _task_of(store: DurationStore, key: Key) -> int | None:
+    """The task id in one of ``store``'s class keys (None for a class above tasks)."""
+    columns = store.levels[key[0]]
+    return key[1 + columns.index("task")] if "task" in columns else None
+
+
 class ArrivalTerms:
     """Computes ``SourceSums`` per source for one snapshot; callers supply x_hat, g and kappa as vector functions."""
 
@@ -127,11 +133,22 @@ class ArrivalTerms:
         # Items in a later state of the same phase are still running in it: censored, not evaluated, there.
         self._simple(out["sandbox"], S_.SAMPLED, st[Phase.LAUNCH], self._first_x,
                      snap.running((S_.SANDBOX_STARTING, S_.SANDBOX_READY), snap.launched))
-        self._simple(out["sandbox"], S_.SANDBOX_STARTING, st[Phase.STARTUP], self._first_x,
-                     snap.running((S_.SANDBOX_READY,), snap.sandbox))
+        # A state that is left through a reported intermediate hint (sandbox_ready, tool_end) is conditioned on its
+        # own dwell and chained with the rest; conditioning the whole sandbox / tool -> request delay on the elapsed
+        # time would count the mass of trajectories already past the hint (they are in the next state) twice.
+        if self.stats.mostly(self.stats.sandbox_ready_reported):
+            ready = self._rest_cdf(st[Phase.READY_WAIT], (S_.SANDBOX_READY,), None, st[Phase.SANDBOX])
+            self._simple(out["sandbox"], S_.SANDBOX_STARTING, st[Phase.SANDBOX], self._first_x, then=ready)
+        else:
+            self._simple(out["sandbox"], S_.SANDBOX_STARTING, st[Phase.STARTUP], self._first_x,
+                         snap.running((S_.SANDBOX_READY,), snap.sandbox))
         self._simple(out["sandbox"], S_.SANDBOX_READY, st[Phase.READY_WAIT], self._first_x)
-        self._simple(out["tool"], S_.TOOL, st[Phase.TOOL_RETURN], self._tool_x,
-                     snap.running((S_.TOOL_DONE,), snap.tool_start))
+        if self.stats.mostly(self.stats.tool_end_reported):
+            after = self._rest_cdf(st[Phase.POST_TOOL], (S_.TOOL_DONE,), None, st[Phase.TOOL])
+            self._simple(out["tool"], S_.TOOL, st[Phase.TOOL], self._tool_x, then=after)
+        else:
+            self._simple(out["tool"], S_.TOOL, st[Phase.TOOL_RETURN], self._tool_x,
+                         snap.running((S_.TOOL_DONE,), snap.tool_start))
         self._simple(out["tool"], S_.TOOL_DONE, st[Phase.POST_TOOL], self._tool_x)
         self._decode_return(out["decode_return"], second_arrival_idx, second_arrival_delay)
         self._simple(out["resend"], TrajState.INTERRUPTED, st[Phase.RESEND], self._same_x)
@@ -171,23 +188,43 @@ class ArrivalTerms:
         sums.add(q_s, q_h, x, self.kv(x), self.g(x))
 
     # ----- single phase (B.3 Eq. 6 form) -----
-    def _simple(self, sums: SourceSums, state: TrajState, store: DurationStore, x_of, also=None) -> None:
+    def _simple(self, sums: SourceSums, state: TrajState, store: DurationStore, x_of, also=None, then=None) -> None:
         idx = self.snap.members(state)
         if not idx.size:
             return
         q_s, q_h = store.evaluate(self.snap.ids(idx), self.snap.radix, self.snap.elapsed(idx), self.dt, (self.S, self.h),
-                                  now=self.snap.now, also=also)
+                                  then=then, now=self.snap.now, also=also)
         self._add(sums, q_s, q_h, x_of(idx))
 
+    def _rest_cdf(self, store: DurationStore, states: tuple[TrajState, ...], since: np.ndarray | None,
+                  first: DurationStore):
+        """``then(key)`` for a chain after a phase of store ``first``: the CDF of ``store``'s phase for the task of
+        ``first``'s class ``key``, fitted with the trajectories of ``states`` (its running members) censored."""
+        snap = self.snap
+        idx = np.concatenate([snap.members(s) for s in states])
+        fitted = store.fit(snap.ids(idx), snap.radix, snap.elapsed(idx, since=since), self.dt, snap.now)
+        bins = int(round(self.S / self.dt)) + 2
+        cache: dict[Key, np.ndarray] = {}
+
+        def then(key: Key) -> np.ndarray:
+            if key not in cache:
+                cache[key] = self._then_curve(fitted, store, _task_of(first, key)).cdf_from_start(bins)
+            return cache[key]
+        return then
+
     # ----- decode-return -----
-    def _then_curve(self, fitted, store: DurationStore, task_key: Key) -> GridCurve:
-        key = store.resolve_one({"task": task_key[1]}) if len(task_key) > 1 else (len(store.levels) - 1,)
+    def _then_curve(self, fitted, store: DurationStore, task: int | None) -> GridCurve:
+        """The curve of ``store`` for ``task`` (None: all tasks)."""
+        if task is not None and len(store.levels) > 1:
+            key = store.resolve_one({c: 0 for lv in store.levels for c in lv} | {"task": task})
+        else:
+            key = (len(store.levels) - 1,)
         return fitted.curve(key)
 
     def _calls_tool(self, idx: np.ndarray) -> np.ndarray:
         s = self.snap
         radix = s.radix["task"]
-        lut = np.array([[self.stats.calls_tool(t, b) for b in range(TURN_BUCKETS)] for t in range(radix)])
+        lut = np.array([[self.stats.calls_tool_in_bucket(t, b) for b in range(TURN_BUCKETS)] for t in range(radix)])
         buckets = _TURN_LUT[np.minimum(s.turn[idx], 127)]
         return lut[s.task[idx], buckets]
 
@@ -203,7 +240,7 @@ class ArrivalTerms:
 
         def then(key: Key) -> np.ndarray:
             if key not in cache:
-                cache[key] = self._then_curve(ret_fit, ret, key).cdf_from_start(bins)
+                cache[key] = self._then_curve(ret_fit, ret, _task_of(dec, key)).cdf_from_start(bins)
             return cache[key]
 
         # Until decodes have been timed, the prior says nothing useful about short turns: one-step assumption.

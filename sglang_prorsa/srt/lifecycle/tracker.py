@@ -53,10 +53,12 @@ class Phase(str, Enum):
 
     LAUNCH = "launch"  # sampled -> first request joins ready (dispatch + sandbox + first request, any mode)
     STARTUP = "startup"  # sandbox_start -> first request (B.3: "launch-to-ready-queue duration")
+    SANDBOX = "sandbox"  # sandbox_start -> sandbox_ready (when the trainer reports ready)
     READY_WAIT = "ready_wait"  # sandbox_ready -> first request
     DECODE = "decode"  # prefill_end -> decode_end (engine time; pauses excluded)
     DECODE_RETURN = "decode_return"  # decode_end -> next request, for turns that call a tool
     TOOL_RETURN = "tool_return"  # tool_start -> next request (tool time plus the agent's delay; B.5 goes to tool_end)
+    TOOL = "tool"  # tool_start -> tool_end (B.5's tool execution time, when the trainer reports tool_end)
     POST_TOOL = "post_tool"  # tool_end -> next request
     REWARD = "reward"  # reward_start -> reward_end
     RESEND = "resend"  # interrupted (request dropped by the engine) -> resent
@@ -304,6 +306,8 @@ class TrajectoryTracker:
         elif kind is EventKind.TOOL_END:
             traj.tool_ended_at = ts
             self._notify_tool(traj, ts)
+            if traj.tool_started_at is not None:
+                self._phase_done(Phase.TOOL, traj, ts - traj.tool_started_at)
         elif kind is EventKind.REWARD_START:
             self._leave_decode(traj, ts, previous, calls_tool=False)
             self._censor_tool(traj, ts, previous)
@@ -315,6 +319,8 @@ class TrajectoryTracker:
             traj.startup_load = load_bucket(self._state_count[TrajState.SANDBOX_STARTING])
         elif kind is EventKind.SANDBOX_READY:
             traj.sandbox_ready_at = ts
+            if traj.sandbox_started_at is not None:
+                self._phase_done(Phase.SANDBOX, traj, ts - traj.sandbox_started_at)
         elif kind is EventKind.PREFILL_START:
             traj.instance = event.instance
             cols.instance[slot] = self.instances(event.instance)
@@ -397,6 +403,8 @@ class TrajectoryTracker:
         """Leaving a tool without a next request: the tool -> request delays are censored, not completed."""
         if previous in (TrajState.TOOL, TrajState.TOOL_DONE) and traj.tool_started_at is not None:
             self._phase_done(Phase.TOOL_RETURN, traj, ts - traj.tool_started_at, completed=False)
+            if previous is TrajState.TOOL:
+                self._phase_done(Phase.TOOL, traj, ts - traj.tool_started_at, completed=False)
             if traj.decoded_at is not None:
                 self._phase_done(Phase.DECODE_RETURN, traj, ts - traj.decoded_at, completed=False)
             if traj.tool_ended_at is not None:
@@ -423,6 +431,8 @@ class TrajectoryTracker:
             self._phase_done(Phase.LAUNCH, traj, e, completed=False)
         elif state in (TrajState.SANDBOX_STARTING, TrajState.SANDBOX_READY) and traj.sandbox_started_at is not None:
             self._phase_done(Phase.STARTUP, traj, ts - traj.sandbox_started_at, completed=False)
+            if state is TrajState.SANDBOX_STARTING:
+                self._phase_done(Phase.SANDBOX, traj, e, completed=False)
             if traj.launched_at is not None:
                 self._phase_done(Phase.LAUNCH, traj, ts - traj.launched_at, completed=False)
         elif state in (TrajState.TOOL, TrajState.TOOL_DONE):
