@@ -110,13 +110,16 @@ class DurationStore:
     def record(self, ids: Mapping[str, int], duration: float, completed: bool = True, end: float = 0.0) -> None:
         """One finished (``completed``) or cut-short operation of ``duration`` seconds that ended at ``end``."""
         duration = max(0.0, float(duration))
-        for key in self.keys(ids):
-            cls = self.classes.get(key)
+        end = float(end)
+        classes = self.classes
+        for i, lv in enumerate(self.levels):
+            key = (i,) if not lv else (i, ids[lv[0]]) if len(lv) == 1 else (i, *[ids[c] for c in lv])
+            cls = classes.get(key)
             if cls is None:
-                if len(self.classes) >= MAX_CLASSES and key[1:]:
+                if len(classes) >= MAX_CLASSES and lv:
                     continue  # full: the coarser classes still learn
-                cls = self.classes[key] = DurationClass(self.history)
-            cls.record(duration, completed, float(end))
+                cls = classes[key] = DurationClass(self.history)
+            cls.record(duration, completed, end)
 
     def prior(self, key: Key) -> float:
         value = self._prior_of(key) if self._prior_of else None

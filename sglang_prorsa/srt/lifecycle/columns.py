@@ -90,12 +90,11 @@ class SlotColumns:
         if not self._free:
             self._grow(self.capacity * 2)
         slot = self._free.pop()
-        for name in self.FLOATS:
-            getattr(self, name)[slot] = -1.0
-        for name in self.INTS:
-            getattr(self, name)[slot] = FREE
+        self.prompt[slot] = self.next_prompt[slot] = self.launched[slot] = -1.0
+        self.sandbox[slot] = self.decoded[slot] = self.tool_start[slot] = -1.0
+        self.tool[slot] = self.instance[slot] = self.mode[slot] = self.group[slot] = FREE
         self.turn[slot] = 0
-        return slot
+        return slot  # state, entered and task are written by the tracker at once
 
     def release(self, slot: int) -> None:
         self.state[slot] = FREE

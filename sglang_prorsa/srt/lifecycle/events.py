@@ -21,7 +21,6 @@ A batch holds at most ``MAX_BATCH_EVENTS`` events; larger batches are rejected w
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from enum import Enum
@@ -86,10 +85,14 @@ _REQUIRED_BY_KIND: dict[EventKind, tuple[str, ...]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class LifecycleEvent:
     """One lifecycle transition of one trajectory (or, for ``GLOBAL_EVENT_KINDS``, of the engine: then
-    ``trajectory_id`` is ""). ``ts`` is None until the receiver stamps its clock on it."""
+    ``trajectory_id`` is ""). ``ts`` is None until the receiver stamps its clock on it.
+
+    A message: treat it as immutable (``stamped`` returns a copy). It is not a frozen dataclass only because a frozen
+    one sets every field through ``object.__setattr__``, which made building events the largest cost of batch
+    ingest; equality and hashing are by value as before."""
 
     trajectory_id: str
     kind: EventKind
@@ -109,7 +112,11 @@ class LifecycleEvent:
 
     def stamped(self, now: float) -> LifecycleEvent:
         """This event with ``ts`` filled in from the receiver's clock when the sender left it out."""
-        return self if self.ts is not None else dataclasses.replace(self, ts=now)
+        if self.ts is not None:
+            return self
+        return LifecycleEvent(self.trajectory_id, self.kind, now, self.group_id, self.task, self.turn, self.prompt_tokens,
+                              self.mode, self.tool, self.accepted, self.instance, self.output_tokens, self.pause_mode,
+                              self.trajectory_ids, self.weight_version)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"event": self.kind.value}

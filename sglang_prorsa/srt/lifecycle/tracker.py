@@ -107,9 +107,16 @@ class TrackerObserver:
     def on_weights_updated(self, ts: float, version: str | None) -> None: ...
 
 
+_CALLBACKS = tuple(name for name in vars(TrackerObserver) if name.startswith("on_"))
+
+
 class TrajectoryTracker:
     def __init__(self, observers: Iterable[TrackerObserver] = ()) -> None:
-        self._observers: list[TrackerObserver] = list(observers)
+        self._observers: list[TrackerObserver] = []
+        # per callback, the bound methods of the observers that override it: no calls to no-op defaults per event
+        self._cb: dict[str, list] = {name: [] for name in _CALLBACKS}
+        for observer in observers:
+            self.add_observer(observer)
         self._live: dict[str, Trajectory] = {}
         self._by_slot: list[Trajectory | None] = []
         self.columns = SlotColumns()
@@ -134,6 +141,9 @@ class TrajectoryTracker:
 
     def add_observer(self, observer: TrackerObserver) -> None:
         self._observers.append(observer)
+        for name in _CALLBACKS:
+            if getattr(type(observer), name, None) is not getattr(TrackerObserver, name):
+                self._cb[name].append(getattr(observer, name))
 
     # ----- views -----
     def get(self, trajectory_id: str) -> Trajectory | None:
@@ -252,8 +262,8 @@ class TrajectoryTracker:
             self.columns.group[slot] = gid
             if target is TrajState.REWARD:
                 self.group_reward[gid] += 1
-        for obs in self._observers:
-            obs.on_created(traj, ts)
+        for cb in self._cb["on_created"]:
+            cb(traj, ts)
         return traj
 
     def _new_group(self, group_id: str) -> int:
@@ -291,8 +301,8 @@ class TrajectoryTracker:
         if kind is EventKind.REQUEST_ARRIVED:
             self._on_request_arrived(traj, event, ts, previous)
         elif kind is EventKind.PREFILL_END:
-            for obs in self._observers:
-                obs.on_decode_admission(traj, ts, traj.prompt_tokens or 0)
+            for cb in self._cb["on_decode_admission"]:
+                cb(traj, ts, traj.prompt_tokens or 0)
         elif kind is EventKind.DECODE_END:
             self._on_decode_end(traj, event, ts, previous)
         elif kind is EventKind.TOOL_START:
@@ -334,8 +344,8 @@ class TrajectoryTracker:
     def _on_request_arrived(self, traj: Trajectory, event: LifecycleEvent, ts: float, previous) -> None:
         phase = self._phase_done
         if previous in (TrajState.SANDBOX_STARTING, TrajState.SANDBOX_READY) and traj.sandbox_started_at is not None:
-            for obs in self._observers:
-                obs.on_startup_finished(traj.mode or SandboxMode.PREWARM, traj.startup_load, ts - traj.sandbox_started_at)
+            for cb in self._cb["on_startup_finished"]:
+                cb(traj.mode or SandboxMode.PREWARM, traj.startup_load, ts - traj.sandbox_started_at)
             phase(Phase.STARTUP, traj, ts - traj.sandbox_started_at)
             if traj.sandbox_ready_at is not None:
                 phase(Phase.READY_WAIT, traj, ts - traj.sandbox_ready_at)
@@ -343,14 +353,14 @@ class TrajectoryTracker:
             phase(Phase.LAUNCH, traj, ts - traj.launched_at)
             # d_hat (B.2) is the delay of a *prewarmed* launch; cold starts would bias it.
             if traj.mode is not SandboxMode.COLD:
-                for obs in self._observers:
-                    obs.on_launch_finished(max(0.0, ts - traj.launched_at))
+                for cb in self._cb["on_launch_finished"]:
+                    cb(max(0.0, ts - traj.launched_at))
         if previous is TrajState.TOOL:  # tool_end never came: the arrival ends the tool
             self._notify_tool(traj, ts)
         if previous in (TrajState.TOOL, TrajState.TOOL_DONE, TrajState.DECODED) and traj.decoded_at is not None:
             if previous is TrajState.DECODED:  # the trainer skipped tool_start: the turn continued all the same
-                for obs in self._observers:
-                    obs.on_turn_decided(traj, True)
+                for cb in self._cb["on_turn_decided"]:
+                    cb(traj, True)
             phase(Phase.DECODE_RETURN, traj, ts - traj.decoded_at)
         if traj.tool_started_at is not None and previous in (TrajState.TOOL, TrajState.TOOL_DONE):
             phase(Phase.TOOL_RETURN, traj, ts - traj.tool_started_at)
@@ -373,15 +383,15 @@ class TrajectoryTracker:
         cols.prompt[slot] = float(event.prompt_tokens or 0)
         cols.next_prompt[slot] = -1.0
         cols.instance[slot] = self.instances(event.instance)
-        for obs in self._observers:
-            obs.on_prefill_arrival(traj, ts, int(event.prompt_tokens or 0), prior)
+        for cb in self._cb["on_prefill_arrival"]:
+            cb(traj, ts, int(event.prompt_tokens or 0), prior)
 
     def _on_decode_end(self, traj: Trajectory, event: LifecycleEvent, ts: float, previous) -> None:
         if previous is TrajState.DECODE:
             duration = max(0.0, ts - traj.entered_at)
             self._phase_done(Phase.DECODE, traj, duration)
-            for obs in self._observers:
-                obs.on_decode_finished(traj, ts, duration, event.output_tokens)
+            for cb in self._cb["on_decode_finished"]:
+                cb(traj, ts, duration, event.output_tokens)
         traj.output_tokens = event.output_tokens
         traj.decoded_at = ts
         self.columns.decoded[traj.slot] = ts
@@ -393,8 +403,8 @@ class TrajectoryTracker:
             traj.decoded_at = ts
             self.columns.decoded[traj.slot] = ts
         if previous in (TrajState.DECODE, TrajState.DECODED):
-            for obs in self._observers:
-                obs.on_turn_decided(traj, calls_tool)
+            for cb in self._cb["on_turn_decided"]:
+                cb(traj, calls_tool)
             if not calls_tool:
                 traj.decoded_at = None
                 self.columns.decoded[traj.slot] = -1.0
@@ -414,13 +424,13 @@ class TrajectoryTracker:
 
     def _phase_done(self, phase: Phase, traj: Trajectory, duration: float, completed: bool = True) -> None:
         duration = max(0.0, duration)
-        for obs in self._observers:
-            obs.on_phase(phase, traj, duration, completed, self._ts)
+        for cb in self._cb["on_phase"]:
+            cb(phase, traj, duration, completed, self._ts)
 
     def _notify_tool(self, traj: Trajectory, ts: float) -> None:
         if traj.tool_started_at is not None:
-            for obs in self._observers:
-                obs.on_tool_finished(traj, max(0.0, ts - traj.tool_started_at))
+            for cb in self._cb["on_tool_finished"]:
+                cb(traj, max(0.0, ts - traj.tool_started_at))
 
     def _censor_open_phase(self, traj: Trajectory, ts: float) -> None:
         """A trajectory that stops (aborted / interrupted) mid-phase: that phase's duration is censored."""
@@ -445,11 +455,12 @@ class TrajectoryTracker:
     def _finish(self, traj: Trajectory, event: LifecycleEvent, ts: float) -> None:
         if traj.state is TrajState.REWARD:
             duration = max(0.0, ts - traj.entered_at)
-            for obs in self._observers:
-                if event.kind is EventKind.REWARD_END:
-                    obs.on_reward_finished(traj.task, duration, event.accepted)
-                else:  # an abort during reward is a censored reward duration, not a completed one
-                    obs.on_reward_aborted(traj.task, duration)
+            if event.kind is EventKind.REWARD_END:
+                for cb in self._cb["on_reward_finished"]:
+                    cb(traj.task, duration, event.accepted)
+            else:  # an abort during reward is a censored reward duration, not a completed one
+                for cb in self._cb["on_reward_aborted"]:
+                    cb(traj.task, duration)
             self._phase_done(Phase.REWARD, traj, duration, completed=event.kind is EventKind.REWARD_END)
         else:
             self._censor_open_phase(traj, ts)
@@ -471,8 +482,8 @@ class TrajectoryTracker:
         if len(self._finished) > FINISHED_IDS_REMEMBERED:
             self._finished.popitem(last=False)
         self.finished_total += 1
-        for obs in self._observers:
-            obs.on_finished(traj, ts, len(self._live))
+        for cb in self._cb["on_finished"]:
+            cb(traj, ts, len(self._live))
 
     # ----- engine-wide events (issue 13) -----
     def _apply_global(self, event: LifecycleEvent, ts: float) -> Outcome:
@@ -483,16 +494,16 @@ class TrajectoryTracker:
             self.paused_since, self.pause_mode = ts, event.pause_mode or PauseMode.ABORT
             if self.pause_mode is PauseMode.ABORT:  # SGLang drops the in-flight requests
                 self._interrupt(self._engine_slots(), ts)
-            for obs in self._observers:
-                obs.on_paused(ts, self.pause_mode)
+            for cb in self._cb["on_paused"]:
+                cb(ts, self.pause_mode)
             return Outcome.APPLIED
         if kind is EventKind.GENERATION_CONTINUED:
             if self.paused_since is None:
                 return Outcome.DUPLICATE
             start, self.paused_since, self.pause_mode = self.paused_since, None, None
             self._resume_clocks(start, ts)
-            for obs in self._observers:
-                obs.on_continued(ts, max(0.0, ts - start))
+            for cb in self._cb["on_continued"]:
+                cb(ts, max(0.0, ts - start))
             return Outcome.APPLIED
         if kind is EventKind.REQUESTS_ABORTED:
             if event.trajectory_ids is None:
@@ -506,8 +517,8 @@ class TrajectoryTracker:
             if event.weight_version is not None and event.weight_version == self.weight_version:
                 return Outcome.DUPLICATE
             self.weight_version, self.weights_updated_at = event.weight_version, ts
-            for obs in self._observers:
-                obs.on_weights_updated(ts, event.weight_version)
+            for cb in self._cb["on_weights_updated"]:
+                cb(ts, event.weight_version)
             return Outcome.APPLIED
         raise AssertionError(f"unhandled event kind {kind}")  # pragma: no cover - every kind is listed
 
