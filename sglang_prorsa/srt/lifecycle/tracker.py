@@ -19,7 +19,7 @@ Guarantees (issues 3, 10, 13, 14):
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass
 from enum import Enum
 from typing import Iterable
@@ -122,7 +122,11 @@ class TrajectoryTracker:
         self.columns = SlotColumns()
         self._by_slot.extend([None] * self.columns.capacity)
         self._state_count: dict[TrajState, int] = {s: 0 for s in TrajState}
-        self._finished: OrderedDict[str, None] = OrderedDict()
+        # ids of the last FINISHED_IDS_REMEMBERED finished trajectories: a ring and a set (an OrderedDict's table
+        # grows in a sawtooth as the oldest ids are dropped; a set reuses its freed slots)
+        self._finished: set[str] = set()
+        self._finished_ring: list[str | None] = [None] * FINISHED_IDS_REMEMBERED  # its length is the bound
+        self._finished_pos = 0
         self.tasks, self.tools, self.instances = Interner(MAX_TASKS), Interner(MAX_TOOLS), Interner(MAX_INSTANCES)
         # GRPO bookkeeping for the group injection rule (B.2): live members and members in reward, per live group.
         self._group_index: dict[str, int] = {}
@@ -478,9 +482,12 @@ class TrajectoryTracker:
                 self._group_free.append(gid)
         self.columns.release(slot)
         self._by_slot[slot] = None
-        self._finished[traj.trajectory_id] = None
-        if len(self._finished) > FINISHED_IDS_REMEMBERED:
-            self._finished.popitem(last=False)
+        old = self._finished_ring[self._finished_pos]
+        if old is not None:
+            self._finished.discard(old)
+        self._finished_ring[self._finished_pos] = traj.trajectory_id
+        self._finished_pos = (self._finished_pos + 1) % len(self._finished_ring)
+        self._finished.add(traj.trajectory_id)
         self.finished_total += 1
         for cb in self._cb["on_finished"]:
             cb(traj, ts, len(self._live))
