@@ -133,7 +133,7 @@ class ChainTable:
         w = np.where(frac > 1e-9, np.minimum(frac + 0.5, 1.0), 0.0)
         k = np.minimum(b, self.last).astype(np.int64)
         lo = self.q_short[k]
-        return lo + np.where(b >= self.last, 0.0, w) * (self.q_long[k] - lo)  # the tail is memoryless
+        return lo + w * (self.q_long[k] - lo)  # the tail entry holds one value in both arrays
 
 
 def _window_weights(then_cdf: np.ndarray | None, h: int) -> tuple[np.ndarray, np.ndarray]:
@@ -149,33 +149,48 @@ def _window_weights(then_cdf: np.ndarray | None, h: int) -> tuple[np.ndarray, np
 def chain_table(curve: GridCurve, horizon_s: float, then_cdf: np.ndarray | None = None) -> ChainTable:
     """The table of q over ``horizon_s`` for phase ``curve`` followed by a phase with CDF ``then_cdf`` on the grid
     (None: nothing follows). Exact product-limit values at grid points (see the module docstring)."""
-    dt = curve.dt
-    h = int(round(horizon_s / dt))
-    if h <= 0:
-        return ChainTable(np.zeros(1), np.zeros(1), dt)
-    w_short, w_long = _window_weights(then_cdf, h)
-    lam = dt / curve.tail_mean_s
-    # tail: an exponential from the current point (normalised), the same sums
-    tail_s = np.exp(-lam * np.arange(h + 1))
-    tail_p = tail_s[:-1] - tail_s[1:]  # mass at points 1..H
+    return chain_tables(curve, (horizon_s,), then_cdf)[0]
+
+
+def chain_tables(curve: GridCurve, horizons, then_cdf: np.ndarray | None = None) -> list[ChainTable]:
+    """``chain_table`` for several horizons, sharing the survival curve's extension."""
+    dt, last = curve.dt, curve.last
+    bins = [int(round(h / dt)) for h in horizons]
+    surv = curve.extended(last + max(bins) + 2) if last > 0 else None
+    return [_table(curve, surv, h_s, h, then_cdf) for h_s, h in zip(horizons, bins)]
+
+
+def _table(curve: GridCurve, surv: np.ndarray | None, horizon_s: float, h: int, then_cdf) -> ChainTable:
+    dt, last = curve.dt, curve.last
+    if h <= 0:  # nothing arrives within an empty window (same table shape as any horizon: one entry per point)
+        n = max(last, 0) + 1
+        return ChainTable(np.zeros(n), np.zeros(n), dt)
     if then_cdf is None:  # a single memoryless phase: the closed form (continuous time, as B.2/B.3's exponential prior)
         t_short = t_long = 1.0 - math.exp(-horizon_s / curve.tail_mean_s)
     else:
-        t_short = float(np.dot(tail_p[: h - 1], w_short)) if h >= 2 else 0.0
-        t_long = float(np.dot(tail_p[:h], w_long))
-    last = curve.last
-    if last <= 0:  # no completion beyond grid point 0: everything is tail
-        return ChainTable(np.array([t_short]), np.array([t_long]), dt)
-    surv = curve.extended(last + h + 2)
-    mass = surv[:-1] - surv[1:]  # mass[j] = P(A at grid point j+1)
+        w_short, w_long = _window_weights(then_cdf, h)
+        tail_s = np.exp(-(dt / curve.tail_mean_s) * np.arange(h + 1))  # an exponential from the current point
+        tail_p = tail_s[:-1] - tail_s[1:]  # mass at points 1..H
+        t_short = float((tail_p[: h - 1] * w_short).sum()) if h >= 2 else 0.0
+        t_long = float((tail_p[:h] * w_long).sum())
+    if last <= 0:  # no completion beyond grid point 0: everything is tail (memoryless)
+        tail = 0.5 * (t_short + t_long)
+        return ChainTable(np.array([tail]), np.array([tail]), dt)
     denom = surv[:last]
-    short = np.correlate(mass[: last + h - 2], w_short, "valid")[:last] if h >= 2 else np.zeros(last)
-    long = np.correlate(mass[: last + h - 1], w_long, "valid")[:last]
+    if then_cdf is None:  # sum of the masses at points b+1..b+H-1 (b+H): a difference of survivals, no correlation
+        short = denom - surv[h - 1:last + h - 1]
+        long = denom - surv[h:last + h]
+    else:
+        mass = surv[:-1] - surv[1:]  # mass[j] = P(A at grid point j+1)
+        short = np.correlate(mass[: last + h - 2], w_short, "valid")[:last] if h >= 2 else np.zeros(last)
+        long = np.correlate(mass[: last + h - 1], w_long, "valid")[:last]
     with np.errstate(divide="ignore", invalid="ignore"):
         q_short = np.where(denom > 0, short / denom, t_short)
         q_long = np.where(denom > 0, long / denom, t_long)
-    q_short = np.clip(np.append(q_short, t_short), 0.0, 1.0)
-    q_long = np.clip(np.append(q_long, t_long), 0.0, 1.0)
+    # the tail entry (elapsed beyond the data) is memoryless: one value for any position within the step
+    tail = 0.5 * (t_short + t_long)
+    q_short = np.clip(np.append(q_short, tail), 0.0, 1.0)
+    q_long = np.clip(np.append(q_long, tail), 0.0, 1.0)
     return ChainTable(q_short, q_long, dt)
 
 

@@ -193,12 +193,8 @@ class WorkloadPredictor:
     # ----- the forecast itself -----
     def _snapshot(self, now: float) -> Snapshot:
         tr = self.tracker
-        cols = tr.columns
         shift = max(0.0, now - tr.paused_since) if tr.paused_since is not None else 0.0
-        view = cols.view
-        return Snapshot(now, shift, view("state"), view("entered"), view("prompt"), view("next_prompt"), view("task"),
-                        view("tool"), view("turn"), view("group"), view("mode"), view("instance"), view("launched"),
-                        view("sandbox"), view("decoded"), view("tool_start"), radix={"task": len(tr.tasks), "tool": len(tr.tools), "mode": 2})
+        return Snapshot(now, shift, tr.columns, {"task": len(tr.tasks), "tool": len(tr.tools), "mode": 2})
 
     def forecast(self, now: float) -> Forecast:
         cfg, tr, st = self.config, self.tracker, self.stats
@@ -220,9 +216,9 @@ class WorkloadPredictor:
         admit = admission_horizon(horizon, obs.backlog_s, self._load, typical)
         admit = math.floor(admit / dt + 1e-9) * dt
 
-        # predicted arrivals per source, over S and over h*
-        again = np.concatenate((inflight, queued))
-        again_delay = np.concatenate((obs.inflight_finish_at, obs.finish_at)) - now
+        # predicted arrivals per source, over S and over h*; the ready queue precedes prefill in the sorted columns
+        again = snap.span(TrajState.READY, TrajState.PREFILL)
+        again_delay = np.concatenate((obs.finish_at, obs.inflight_finish_at)) - now
         sums = self.terms.compute(snap, horizon, admit, dt, x_new, g, kv, again_delay, again)
         self._load = sum(s.work_s for s in sums.values()) / (pool * horizon)
 
@@ -275,18 +271,20 @@ class WorkloadPredictor:
     def _decode_kv_now(self, snap: Snapshot) -> float:
         """K_D_t: prompt plus the tokens generated so far (elapsed decode time x the learned decode speed)."""
         idx = snap.members(TrajState.DECODE)
-        if not idx.size:
+        if not Snapshot.count(idx):
             return 0.0
         speed = np.array([self.stats.decode_tokens_per_s(t) for t in range(snap.radix["task"])])
-        generated = snap.elapsed(idx, engine=True) * speed[snap.task[idx]]
-        return float(self._kv.many(snap.prompt[idx].clip(0) + np.floor(generated)).sum())
+        tokens = snap.prompt[idx].clip(0)
+        if speed.any():  # the engine reports output tokens: add what the running decodes generated so far
+            tokens = tokens + np.floor(snap.elapsed(idx, engine=True) * speed[snap.task[idx]])
+        return float(self._kv.many(tokens).sum())
 
     def _sampler_summary(self, snap: Snapshot, horizon: float, dt: float, sums) -> SamplerForecast:
         """B.2's diagnostics: N_pass over S (Eq. 3), launches, and the new-sample arrivals the forecast counts."""
         idx = snap.members(TrajState.REWARD)
         p_hat = self.stats.acceptance.value
         n_pass, q = 0.0, np.zeros(0)
-        if idx.size:
+        if Snapshot.count(idx):
             (q,) = self.stats.stores[Phase.REWARD].evaluate(snap.ids(idx), snap.radix, snap.elapsed(idx), dt, (horizon,),
                                                             now=snap.now)
             n_pass = p_hat * float(q.sum())
@@ -298,9 +296,9 @@ class WorkloadPredictor:
             n_samp = self.config.injection.rate_per_s * horizon
         elif policy is InjectionPolicy.GROUP:  # Eq. 4 with the group rule: P(group completes) = prod of members' q
             n_samp = 0.0
-            done, gid = self.terms.completable(idx)
-            if done.size:
-                q_done = q[np.searchsorted(idx, done)]  # members() is sorted, completable() keeps the order
+            keep, gid = self.terms.completable(idx)
+            if keep.any():
+                q_done, gid = q[keep], gid[keep]
                 key = np.where(gid < 0, -1 - np.arange(gid.size), gid)
                 order = np.argsort(key, kind="stable")
                 first = np.flatnonzero(np.r_[True, np.diff(key[order]) != 0])

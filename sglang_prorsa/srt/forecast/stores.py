@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from sglang_prorsa.srt.forecast.grid import GridCurve, MAX_GRID_POINTS, censor_bins, chain_table, event_bins
+from sglang_prorsa.srt.forecast.grid import GridCurve, MAX_GRID_POINTS, censor_bins, chain_tables, event_bins
 
 MAX_CLASSES = 4096
 Key = tuple  # (level, *interned ids)
@@ -161,56 +162,58 @@ class DurationStore:
 
     # ----- refresh (vectorised over the live trajectories of one state) -----
     def resolve(self, ids: Mapping[str, np.ndarray], radix: Mapping[str, int], n: int | None = None,
-                ) -> tuple[np.ndarray, list[Key], list[np.ndarray]]:
-        """Per live trajectory: index into the returned list of used class keys; plus each level's codes."""
+                ) -> tuple[np.ndarray, list[Key], "Resolution"]:
+        """Per live item: index into the returned list of used class keys (and the look-up tables behind it).
+
+        Every level's columns are among the finest level's, so the resolution is a function of the finest class:
+        it is built once over the finest class space (small: tasks x tools) and applied with one gather."""
         if n is None:
             n = next(iter(ids.values())).size if ids else 0
-        codes = []
-        for lv in self.levels:
+        fine = self.levels[0]
+        space = int(np.prod([radix[c] for c in fine])) if fine else 1
+        if len(fine) == 1:  # one column: its value is the code
+            code = np.asarray(ids[fine[0]], np.int64)
+        else:
             code = np.zeros(n, np.int64)
-            for c in lv:
+            for c in fine:
                 code = code * radix[c] + ids[c]
-            codes.append(code)
-        used: list[Key] = []
+        # each column's value, then each level's code, over the finest class space
+        values, stride = {}, 1
+        for c in reversed(fine):
+            values[c] = (np.arange(space) // stride) % radix[c]
+            stride *= radix[c]
+        level_codes = []
+        for lv in self.levels:
+            lc = np.zeros(space, np.int64)
+            for c in lv:
+                lc = lc * radix[c] + values[c]
+            level_codes.append(lc)
         index_of: dict[Key, int] = {}
-        res = np.full(n, -1, np.int64)
+        lut = np.full(space, -1, np.int64)
         for min_count in (self.min_samples, 1):
             for level, lv in enumerate(self.levels):
-                if not (res < 0).any():
-                    break
-                space = int(np.prod([radix[c] for c in lv])) if lv else 1
-                lut = np.full(space, -1, np.int64)
+                width = int(np.prod([radix[c] for c in lv])) if lv else 1
+                classes = np.full(width, -1, np.int64)
                 for key, cls in self.classes.items():
                     if key[0] == level and cls.count >= min_count:
-                        code = 0
-                        for c, v in zip(lv, key[1:]):
-                            code = code * radix[c] + v
-                        if code < space:
-                            lut[code] = index_of.setdefault(key, len(index_of))
-                cand = lut[codes[level]]
-                res = np.where(res < 0, cand, res)
-        used = list(index_of)
-        missing = res < 0
-        if missing.any():  # no data at any level: the coarsest class's prior
-            last = len(self.levels) - 1
+                        kc = _encode(lv, key[1:], radix)
+                        if kc < width:
+                            classes[kc] = index_of.setdefault(key, len(index_of))
+                lut = np.where(lut < 0, classes[level_codes[level]], lut)
+        last = len(self.levels) - 1
+        if (lut < 0).any():  # no data at any level: the coarsest class's prior
             lv = self.levels[last]
-            for code in np.unique(codes[last][missing]).tolist():
-                vals, rest = [], code
-                for c in reversed(lv):
-                    vals.append(rest % radix[c])
-                    rest //= radix[c]
-                key = (last, *reversed(vals))
-                k = index_of.setdefault(key, len(index_of))
-                res[missing & (codes[last] == code)] = k
-            used = list(index_of)
-        return res, used, codes
+            for lc in np.unique(level_codes[last][lut < 0]).tolist():
+                key = (last, *_decode(lv, lc, radix))
+                lut[(lut < 0) & (level_codes[last] == lc)] = index_of.setdefault(key, len(index_of))
+        return lut[code], list(index_of), Resolution(code, level_codes)
 
     def fit(self, ids: Mapping[str, np.ndarray], radix: Mapping[str, int], elapsed: np.ndarray, dt: float,
             now: float | None) -> "Fitted":
         """Resolve each live item's class and build the used classes' curves, every item of the phase censored at
         its elapsed time (``now`` None: complete-sample curves, no censoring)."""
-        res, used, codes = self.resolve(ids, radix, elapsed.size)
-        live = self._live_censoring(used, res, codes, censor_bins(elapsed, dt), radix) if now is not None else {}
+        res, used, resolution = self.resolve(ids, radix, elapsed.size)
+        live = self._live_censoring(used, res, resolution, censor_bins(elapsed, dt), radix) if now is not None else {}
         curves = [self.curve(key, dt, live.get(j), now) for j, key in enumerate(used)]
         return Fitted(self, res, used, curves, dt)
 
@@ -227,39 +230,56 @@ class DurationStore:
         if n == 0:
             return [np.zeros(0) for _ in horizons]
         if also is not None and also[1].size:
-            ids = {k: np.concatenate((v, also[0][k])) for k, v in ids.items()}
+            ids = {c: np.concatenate((ids[c], also[0][c])) for c in self.levels[0]}
             all_elapsed = np.concatenate((elapsed, also[1]))
         else:
             all_elapsed = elapsed
         fitted = self.fit(ids, radix, all_elapsed, dt, now)
         return fitted.probabilities(fitted.res[:n], elapsed, horizons, then)
 
-    def _live_censoring(self, used: list[Key], res: np.ndarray, codes: list[np.ndarray], ebins: np.ndarray,
+    def _live_censoring(self, used: list[Key], res: np.ndarray, resolution: "Resolution", ebins: np.ndarray,
                         radix: Mapping[str, int]) -> dict[int, np.ndarray]:
-        """Per used class: histogram of the elapsed times of the live trajectories that belong to it (any level)."""
+        """Per used class: histogram of the elapsed times of the live items that belong to it (at its level)."""
         out: dict[int, np.ndarray] = {}
-        width = int(min(MAX_GRID_POINTS, ebins.max() + 1)) if ebins.size else 1
+        if not ebins.size:
+            return out
+        width = int(min(MAX_GRID_POINTS, ebins.max() + 1))
         for level, lv in enumerate(self.levels):
             members = [(j, key) for j, key in enumerate(used) if key[0] == level]
             if not members:
                 continue
             space = int(np.prod([radix[c] for c in lv])) if lv else 1
-            lut = np.full(space, -1, np.int64)
-            for j, key in members:
-                code = 0
-                for c, v in zip(lv, key[1:]):
-                    code = code * radix[c] + v
-                if code < space:
-                    lut[code] = j
-            row = lut[codes[level]]
-            sel = row >= 0
-            if not sel.any():
-                continue
-            slots = np.unique(row[sel])
-            flat = np.bincount(row[sel] * width + ebins[sel], minlength=(int(slots.max()) + 1) * width)
-            for j in slots.tolist():
-                out[j] = flat[j * width:(j + 1) * width].astype(np.float64)
+            rows_of = np.full(space, len(members), np.int64)  # the extra row collects items of unused classes
+            for row, (j, key) in enumerate(members):
+                kc = _encode(lv, key[1:], radix)
+                if kc < space:
+                    rows_of[kc] = row
+            rows = rows_of[resolution.level_codes[level]][resolution.code]
+            flat = np.bincount(rows * width + ebins, minlength=(len(members) + 1) * width)
+            for row, (j, _) in enumerate(members):
+                out[j] = flat[row * width:(row + 1) * width].astype(np.float64)
         return out
+
+
+@dataclass(frozen=True)
+class Resolution:
+    code: np.ndarray  # per item: its finest class code
+    level_codes: list  # per level: the level's class code of every finest class code
+
+
+def _encode(columns: tuple, values, radix: Mapping[str, int]) -> int:
+    code = 0
+    for c, v in zip(columns, values):
+        code = code * radix[c] + v
+    return code
+
+
+def _decode(columns: tuple, code: int, radix: Mapping[str, int]) -> list[int]:
+    out = []
+    for c in reversed(columns):
+        out.append(code % radix[c])
+        code //= radix[c]
+    return out[::-1]
 
 
 class Fitted:
@@ -280,22 +300,27 @@ class Fitted:
         base = 0
         for key, curve in zip(self.used, self.curves):
             cdf = then(key) if then is not None else None
-            tables = [chain_table(curve, h, cdf) for h in horizons]
+            tables = chain_tables(curve, horizons, cdf)
             for t, table in enumerate(tables):
                 short[t].append(table.q_short)
                 long[t].append(table.q_long)
             offset.append(base)
             last.append(tables[0].last)
             base += tables[0].q_short.size
-        offset_a, last_a = np.asarray(offset), np.asarray(last)
-        b = np.floor(np.maximum(elapsed, 0.0) / dt + 1e-9)
-        frac = elapsed / dt - b
-        tail = b >= last_a[res]
-        w = np.where(tail | (frac <= 1e-9), 0.0, np.minimum(frac + 0.5, 1.0))
-        k = np.minimum(b.astype(np.int64), last_a[res]) + offset_a[res]
+        # position on the grid: the elapsed time's grid point b (the tail entry beyond the data) and the fraction
+        # of a step past it; off the grid the window covers (frac + 0.5) of point b + H (see ChainTable.lookup)
+        x = elapsed * (1.0 / dt) + 1e-9  # elapsed >= 0
+        b = x.astype(np.int64)  # floor: x >= 0
+        frac = x - b - 1e-9
+        w = np.where(frac > 1e-9, np.minimum(frac + 0.5, 1.0), 0.0)
+        if len(self.used) == 1:  # the common case: one class, no per-item class look-ups
+            k = np.minimum(b, last[0])
+        else:
+            k = np.minimum(b, np.asarray(last)[res]) + np.asarray(offset)[res]
         out = []
         for t in range(len(horizons)):
-            qs, ql = np.concatenate(short[t]), np.concatenate(long[t])
+            qs = short[t][0] if len(short[t]) == 1 else np.concatenate(short[t])
+            ql = long[t][0] if len(long[t]) == 1 else np.concatenate(long[t])
             lo = qs[k]
             out.append(lo + w * (ql[k] - lo))
         return out

@@ -117,3 +117,9 @@ def test_store_memory_is_bounded():
         store.record({"task": i % 4}, float(i), completed=i % 3 != 0)
     assert len(store.classes) == 5
     assert all(len(c.completed) <= 16 and len(c.censored) <= 16 for c in store.classes.values())
+
+
+def test_empty_window_table_has_the_same_shape():
+    curve = GridCurve.from_durations([2, 4, 6], [], DT)
+    full, empty = chain_table(curve, 10.0), chain_table(curve, 0.0)
+    assert empty.q_short.shape == full.q_short.shape and not empty.q_short.any()
