@@ -13,9 +13,12 @@ against the floor (a forecaster with the exact arrival probabilities), all measu
    cold mix).
 
     PYTHONSAFEPATH=1 PYTHONPATH=. python benchmarks/bench_predictor.py [--quick] [--sections refresh,ingest,...]
+        [--baseline DIR]
 
-Writes ``benchmarks/results/predictor_*.json`` and ``predictor_*.png``. The first cut's numbers, measured with the
-same benchmark on this machine before this rebuild, are printed beside the new ones (``OLD``).
+Writes ``benchmarks/results/predictor_*.json`` and ``predictor_*.png``. The first cut's recorded numbers (``OLD``)
+are printed beside the new ones; with ``--baseline DIR`` (a checkout of the first cut, e.g.
+``git archive 259955d | tar -x -C DIR``) its refresh and ingest are also measured in the same run, so the ratios
+hold whatever else the machine is doing.
 """
 
 from __future__ import annotations
@@ -145,6 +148,35 @@ def populated_plane(n_live: int, seed: int = 0) -> tuple[LifecycleControlPlane, 
     return cp, now, added
 
 
+BASELINE_REFRESH = """
+import json, sys, time, statistics
+sys.path.insert(0, sys.argv[1] + "/benchmarks")
+from bench_predictor import populated_plane
+out = {}
+for n in map(int, sys.argv[2].split(",")):
+    cp, now = populated_plane(n)[:2]
+    wall, cpu = [], []
+    for k in range(3 if n >= 100_000 else 7):
+        t0, c0 = time.perf_counter(), time.process_time()
+        cp.predictor.forecast(now + 0.01 * k)
+        wall.append(1e3 * (time.perf_counter() - t0))
+        cpu.append(1e3 * (time.process_time() - c0))
+    out[n] = {"wall_ms": statistics.median(wall), "cpu_ms": statistics.median(cpu)}
+print(json.dumps(out))
+"""
+
+
+def bench_refresh_baseline(root: Path, sizes: list[int]) -> dict:
+    """The first cut's refresh, measured now by its own benchmark code in a subprocess."""
+    env = dict(os.environ, PYTHONPATH=str(root), PYTHONSAFEPATH="1")
+    out = subprocess.run([sys.executable, "-c", BASELINE_REFRESH, str(root), ",".join(map(str, sizes))], env=env,
+                         capture_output=True, text=True, timeout=1800, check=True)
+    rows = {int(k): v for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
+    for n, r in rows.items():
+        log.info("refresh (first cut): %8d live -> %.1f ms wall, %.1f ms CPU", n, r["wall_ms"], r["cpu_ms"])
+    return rows
+
+
 def bench_refresh(sizes: list[int]) -> list[dict]:
     rows = []
     for n in sizes:
@@ -174,13 +206,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def bench_ingest(batches: int, single: int, repeats: int) -> dict:
+def bench_ingest(batches: int, single: int, repeats: int, root: Path = ROOT, label: str = "rebuilt") -> dict:
+    """``POST /lifecycle`` against ``python -m sglang_prorsa.control_plane`` run from the checkout ``root``."""
     import requests
 
     port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONSAFEPATH="1")
+    env = dict(os.environ, PYTHONPATH=str(root), PYTHONSAFEPATH="1")
     proc = subprocess.Popen([sys.executable, "-m", "sglang_prorsa.control_plane", "--host", "127.0.0.1", "--port",
-                             str(port)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             str(port)], cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     out: dict = {}
     try:
@@ -213,14 +246,14 @@ def bench_ingest(batches: int, single: int, repeats: int) -> dict:
                     session.post(f"{url}/lifecycle", data=body, headers=headers, timeout=60).raise_for_status()
                 rates.append(batches * size / (time.perf_counter() - start))
             out[f"batched_{size}"] = spread(rates)
-            log.info("ingest: %5d events per request -> median %.0f events/s (min %.0f, max %.0f)", size,
+            log.info("ingest (%s): %5d events per request -> median %.0f events/s (min %.0f, max %.0f)", label, size,
                      statistics.median(rates), min(rates), max(rates))
         start = time.perf_counter()
         for i in range(single):
             body = {"trajectory_id": f"s{i // 2}", "event": "sampled" if i % 2 == 0 else "aborted"}
             session.post(f"{url}/lifecycle", json=body, timeout=10).raise_for_status()
         out["single"] = single / (time.perf_counter() - start)
-        log.info("ingest: single events -> %.0f events/s", out["single"])
+        log.info("ingest (%s): single events -> %.0f events/s", label, out["single"])
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait(timeout=10)
@@ -421,8 +454,17 @@ def report(results: dict) -> None:
             print(f"{r['live']:>9} {m['median']:>9.2f} {span:>18} {c['median']:>8.2f} {r['bytes_per_live']:>8.0f}")
         at = next((r for r in results["refresh"] if r["live"] == 100_000), None)
         if at:
-            print(f"  100k: {at['refresh_ms']['median']:.2f} ms vs the first cut's {OLD['refresh_ms_100k']:.0f} ms "
-                  f"({OLD['refresh_ms_100k'] / at['refresh_ms']['median']:.0f}x faster; target 10 ms)")
+            print(f"  100k: {at['refresh_ms']['median']:.2f} ms vs the first cut's recorded {OLD['refresh_ms_100k']:.0f} ms "
+                  f"(target 10 ms)")
+        base = results.get("refresh_baseline")
+        if base:
+            print("  the first cut, measured in this run:")
+            for r in results["refresh"]:
+                b = base.get(r["live"]) or base.get(str(r["live"]))
+                if b:
+                    c = r.get("refresh_cpu_ms", r["refresh_ms"])["median"]
+                    print(f"{r['live']:>9} {b['wall_ms']:>9.2f} ms wall, {b['cpu_ms']:.2f} ms CPU   -> rebuilt "
+                          f"{b['wall_ms'] / r['refresh_ms']['median']:.1f}x faster (wall), {b['cpu_ms'] / c:.1f}x (CPU)")
     if results.get("ingest"):
         ing = results["ingest"]
         print("\nHTTP ingest, POST /lifecycle on 127.0.0.1 (median [min, max])")
@@ -431,6 +473,11 @@ def report(results: dict) -> None:
             print(f"  {size:>6} events/request: {s['median']:>9.0f} events/s [{s['min']:.0f}, {s['max']:.0f}]   "
                   f"first cut: {OLD['batched_events_s']:.0f} (1,000/request); target 100,000")
         print(f"  single events:          {ing['single']:>9.0f} events/s")
+        base = results.get("ingest_baseline")
+        if base:
+            for size in (1_000, 10_000):
+                b, s = base[f"batched_{size}"]["median"], ing[f"batched_{size}"]["median"]
+                print(f"  first cut, this run, {size:>6}/request: {b:>9.0f} events/s -> rebuilt {s / b:.2f}x")
     if results.get("memory"):
         m = results["memory"]
         print(f"\nMemory: {m['trajectories']:,} trajectories through the control plane; RSS growth after warm-up "
@@ -454,6 +501,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller counts and shorter runs (a few minutes)")
     parser.add_argument("--sections", default="refresh,ingest,memory,accuracy,robustness")
+    parser.add_argument("--baseline", type=Path, help="a checkout of the first cut: measure it too, in this run")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     sections = set(args.sections.split(","))
@@ -463,10 +511,15 @@ def main() -> int:
     results: dict = json.loads(out_json.read_text()) if out_json.exists() else {}
     results["old"] = OLD
     if "refresh" in sections:
-        results["refresh"] = bench_refresh([1_000, 10_000, 100_000] if quick else [1_000, 10_000, 100_000, 1_000_000])
+        sizes = [1_000, 10_000, 100_000] if quick else [1_000, 10_000, 100_000, 1_000_000]
+        results["refresh"] = bench_refresh(sizes)
+        if args.baseline:
+            results["refresh_baseline"] = bench_refresh_baseline(args.baseline, [n for n in sizes if n <= 100_000])
     if "ingest" in sections:
-        results["ingest"] = bench_ingest(batches=5 if quick else 20, single=200 if quick else 2_000,
-                                         repeats=2 if quick else 3)
+        kw = dict(batches=5 if quick else 20, single=200 if quick else 2_000, repeats=2 if quick else 3)
+        if args.baseline:  # alternate, so both see the same machine
+            results["ingest_baseline"] = bench_ingest(**kw, root=args.baseline, label="first cut")
+        results["ingest"] = bench_ingest(**kw)
     if "memory" in sections:
         results["memory"] = bench_memory(300_000 if quick else 1_000_000)
     if "accuracy" in sections:

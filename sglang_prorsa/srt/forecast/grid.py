@@ -53,8 +53,7 @@ def _hazard(events: np.ndarray, censored: np.ndarray, n: int) -> np.ndarray:
     cens[:m] = censored[:m]
     cens[n - 1] += censored[n:].sum() + events[n:].sum()
     at_risk = np.cumsum((ev + cens)[::-1])[::-1]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(at_risk > 0, ev / at_risk, 0.0)
+    return ev / np.maximum(at_risk, 1.0)  # at_risk is a count: 0 only where there is no event either
 
 
 class GridCurve:
@@ -184,13 +183,17 @@ def _table(curve: GridCurve, surv: np.ndarray | None, horizon_s: float, h: int, 
         mass = surv[:-1] - surv[1:]  # mass[j] = P(A at grid point j+1)
         short = np.correlate(mass[: last + h - 2], w_short, "valid")[:last] if h >= 2 else np.zeros(last)
         long = np.correlate(mass[: last + h - 1], w_long, "valid")[:last]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q_short = np.where(denom > 0, short / denom, t_short)
-        q_long = np.where(denom > 0, long / denom, t_long)
+    alive = denom > 0
+    safe = np.where(alive, denom, 1.0)
     # the tail entry (elapsed beyond the data) is memoryless: one value for any position within the step
     tail = 0.5 * (t_short + t_long)
-    q_short = np.clip(np.append(q_short, tail), 0.0, 1.0)
-    q_long = np.clip(np.append(q_long, tail), 0.0, 1.0)
+    q_short = np.empty(last + 1)
+    q_long = np.empty(last + 1)
+    q_short[:last] = np.where(alive, short / safe, t_short)
+    q_long[:last] = np.where(alive, long / safe, t_long)
+    q_short[last] = q_long[last] = tail
+    np.minimum(np.maximum(q_short, 0.0, out=q_short), 1.0, out=q_short)
+    np.minimum(np.maximum(q_long, 0.0, out=q_long), 1.0, out=q_long)
     return ChainTable(q_short, q_long, dt)
 
 

@@ -141,6 +141,7 @@ class WorkloadPredictor:
         self.config = config
         self.stats.config = config
         self.terms.config = config
+        self.steps.active = config.injection.policy is InjectionPolicy.SYNC
         self._kv = KVFootprint(config.kv_page_size)
         lo, hi = config.bias_bounds
         kw = dict(beta=config.bias_beta, lo=lo, hi=hi, gate_windows=config.bias_gate_windows,

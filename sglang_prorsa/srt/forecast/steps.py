@@ -42,9 +42,12 @@ class StepModel(TrackerObserver):
         self.last_step_size = 0
         self.steps = 0
         self.boundaries: deque[float] = deque(maxlen=BOUNDARIES_KEPT)
+        self.active = True  # steps are tracked under the sync policy only (the predictor sets this)
 
     # ----- tracker callbacks -----
     def on_created(self, traj: Trajectory, ts: float) -> None:
+        if not self.active:
+            return
         if not self.step_open:
             self.step_open, self.step_started_at, self.launched_this_step = True, ts, 0
             if self.step_ended_at is not None:
@@ -55,7 +58,7 @@ class StepModel(TrackerObserver):
         self.launched_this_step += 1
 
     def on_finished(self, traj: Trajectory, ts: float, live_after: int) -> None:
-        if live_after == 0 and self.step_open:
+        if live_after == 0 and self.step_open and self.active:
             self.step_open, self.step_ended_at = False, ts
             self.last_step_size = self.launched_this_step
             self.steps += 1

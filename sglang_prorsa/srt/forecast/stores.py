@@ -170,7 +170,7 @@ class DurationStore:
         if n is None:
             n = next(iter(ids.values())).size if ids else 0
         fine = self.levels[0]
-        space = int(np.prod([radix[c] for c in fine])) if fine else 1
+        space = math.prod(radix[c] for c in fine)
         if len(fine) == 1:  # one column: its value is the code
             code = np.asarray(ids[fine[0]], np.int64)
         else:
@@ -192,7 +192,7 @@ class DurationStore:
         lut = np.full(space, -1, np.int64)
         for min_count in (self.min_samples, 1):
             for level, lv in enumerate(self.levels):
-                width = int(np.prod([radix[c] for c in lv])) if lv else 1
+                width = math.prod(radix[c] for c in lv)
                 classes = np.full(width, -1, np.int64)
                 for key, cls in self.classes.items():
                     if key[0] == level and cls.count >= min_count:
@@ -248,7 +248,7 @@ class DurationStore:
             members = [(j, key) for j, key in enumerate(used) if key[0] == level]
             if not members:
                 continue
-            space = int(np.prod([radix[c] for c in lv])) if lv else 1
+            space = math.prod(radix[c] for c in lv)
             rows_of = np.full(space, len(members), np.int64)  # the extra row collects items of unused classes
             for row, (j, key) in enumerate(members):
                 kc = _encode(lv, key[1:], radix)
