@@ -261,9 +261,23 @@ def bench_ingest(batches: int, single: int, repeats: int, root: Path = ROOT, lab
 
 
 # ----- 3. memory over many trajectories -----
+def bench_memory_fresh(trajectories: int) -> dict:
+    """``bench_memory`` in a fresh interpreter: memory freed by the other sections would hide growth here."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONSAFEPATH="1")
+    code = (f"import json, sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import logging; "
+            f"logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s', datefmt='%H:%M:%S'); "
+            f"from bench_predictor import bench_memory; print(json.dumps(bench_memory({trajectories})))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=3600,
+                         check=True)
+    sys.stderr.write(out.stderr)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def bench_memory(trajectories: int, checkpoint: int = 100_000) -> dict:
     clock = ManualClock(0.0)
     cp = LifecycleControlPlane(clock, PredictorConfig(horizon_s=10.0))
+    gc.collect()
+    start = rss_bytes()
     points = []
     batch = 2_000
     done = 0
@@ -286,6 +300,7 @@ def bench_memory(trajectories: int, checkpoint: int = 100_000) -> dict:
                      cp.tracker.memory_footprint())
     warm = [b for n, b in points if n >= min(200_000, trajectories // 2)]
     return {"trajectories": trajectories, "rss_mb": [(n, b / 2**20) for n, b in points],
+            "rss_start_mb": start / 2**20,
             "growth_after_warmup_mb": (max(warm) - warm[0]) / 2**20 if warm else None,
             "footprint": cp.tracker.memory_footprint()}
 
@@ -480,8 +495,10 @@ def report(results: dict) -> None:
                 print(f"  first cut, this run, {size:>6}/request: {b:>9.0f} events/s -> rebuilt {s / b:.2f}x")
     if results.get("memory"):
         m = results["memory"]
-        print(f"\nMemory: {m['trajectories']:,} trajectories through the control plane; RSS growth after warm-up "
-              f"{m['growth_after_warmup_mb']:.1f} MB; footprint {m['footprint']}")
+        print(f"\nMemory (fresh process): {m['trajectories']:,} trajectories through the control plane; RSS "
+              f"{m.get('rss_start_mb', float('nan')):.0f} MB before, "
+              + ", ".join(f"{n // 1000}k: {mb:.0f} MB" for n, mb in m["rss_mb"][:: max(1, len(m["rss_mb"]) // 5)])
+              + f"; growth after warm-up {m['growth_after_warmup_mb']:.1f} MB; footprint {m['footprint']}")
     if results.get("accuracy"):
         print("\nWAPE over 10 s windows, same windows for all columns (floor: exact arrival probabilities)")
         print(f"{'setting':<22} {'live':>5} | {'prefill':>7} {'persist':>7} {'floor':>7} {'ratio':>5} | "
@@ -521,7 +538,7 @@ def main() -> int:
             results["ingest_baseline"] = bench_ingest(**kw, root=args.baseline, label="first cut")
         results["ingest"] = bench_ingest(**kw)
     if "memory" in sections:
-        results["memory"] = bench_memory(300_000 if quick else 1_000_000)
+        results["memory"] = bench_memory_fresh(300_000 if quick else 1_000_000)
     if "accuracy" in sections:
         results["accuracy"] = bench_accuracy([256, 1024], seeds=[1] if quick else [1, 2],
                                              duration_s=1200 if quick else 2400)
