@@ -11,6 +11,10 @@ paper evaluates f "with the current sampler state, including known group-complet
 nonlinear / group rules this is a plug-in approximation, not an exact expectation (as the paper says).
 Only members still in reward are summed; members past reward are gone from R_t and members in decode or tool are
 excluded (one-step assumption). New samples are assumed to hit the prewarm pool (their delay is d_hat).
+
+The predictor uses this module's policies, p_hat and d_hat; the sampler's arrivals themselves are computed in
+samples.py (the launch delay as a distribution chained after each reward, beyond the paper). ``forecast_sampler``
+and the ``InjectionRule`` classes are the first cut's Eq. 2-5, kept as the reference.
 """
 
 from __future__ import annotations
