@@ -6,10 +6,10 @@
     A_D, K_D = observed requests through the per-instance recurrence (Eq. 13-14)
              + predicted arrivals over the admission horizon h* (admissions.py)
 
-Predicted arrivals are sum_i q_i * x_i over every live trajectory (terms.py): the paper's sampler (B.2) and sandbox
-(B.3) terms with censored survival curves conditioned on elapsed time, and, beyond the paper, every other state
-(tool -> next request replacing the tool EMA test of B.5, decode-return, resend after an abort, the sync-mode next
-step). The ready queue and in-flight prefills are observed backlog, counted in full (B.4, B.6).
+Predicted arrivals are sum_i q_i * x_i over every live trajectory (terms.py, samples.py): the paper's sampler (B.2)
+and sandbox (B.3) terms with censored survival curves conditioned on elapsed time, and, beyond the paper, every
+other state (tool -> next request replacing the tool EMA test of B.5, decode-return, resend after an abort, the
+sync-mode next step). The ready queue and in-flight prefills are observed backlog, counted in full (B.4, B.6).
 
 The bias correction (B.8) is per source and touches only predicted parts: the backlog and the observed admissions
 stay as measured. Each source's factor is used only while it has beaten no correction over the recent windows,
@@ -17,8 +17,8 @@ windows with a step boundary or a pause do not update it (bias.py, steps.py).
 
 ``refresh(now)`` is the every-S step: it closes the accuracy window that just ended (scores it against the forecast
 and against persistence), updates the corrections from its per-source residuals, and opens the next window with the
-new forecast. The refresh is vectorised: a few numpy passes over the live trajectories (O(live)), small tables per
-duration class; no Python loop over trajectories.
+new forecast. The refresh is vectorised (snapshot.py): the live trajectories sorted by state once, a few dozen numpy
+passes over them (O(live)), small tables per duration class; no Python loop over trajectories.
 """
 
 from __future__ import annotations

@@ -4,16 +4,19 @@ Each live trajectory i contributes q_i * x_i: q_i the probability that its next 
 within the horizon, conditioned on the time e_i it has spent in its current state (censored survival curves,
 stores.py / grid.py), x_i that request's estimated full prompt length. Evaluated twice per refresh: over S (the
 prefill forecast) and over the admission horizon h* (predicted arrivals whose prefill also ends within S: the
-decode forecast, admissions.py).
+decode forecast, admissions.py). x_i: the trainer's estimate if it sent one, else the last prompt plus the mean
+growth per turn (per task and tool when the tool is known), else a new sample's mean first prompt.
 
 Per state (what follows the paper and what goes beyond it):
 
 =================  =============================================================================================
 sampled            launch delay (sample -> first request), all startup modes. B.2's d_hat as a distribution.
-sandbox_starting   sandbox_start -> first request, per (task, mode) -> mode: B.3 Eq. 6-7.
+sandbox_starting   B.3 Eq. 6-7, per (task, mode) -> mode: sandbox_start -> first request; when the trainer reports
+                   sandbox_ready, the startup (start -> ready) conditioned, then ready -> first request.
 sandbox_ready      sandbox_ready -> first request (beyond: the first cut counted these in full).
-tool               tool_start -> next request per (task, tool) -> task (replaces B.5's EMA test r_i < S, which
-                   counted a tool that had outlived its mean in every window, and stopped at tool_end).
+tool               per (task, tool) -> task -> all: tool_start -> next request; when the trainer reports tool_end,
+                   the tool (start -> end, B.5's tau as a distribution) conditioned, then end -> next request.
+                   Replaces B.5's EMA test r_i < S, which counted a tool that had outlived its mean in every window.
 tool_done          tool_end -> next request (beyond).
 decode, decoded    decode-return (beyond the one-step assumption): remaining decode, then decode_end -> next
                    request, times P(this response calls a tool | task, turn).
