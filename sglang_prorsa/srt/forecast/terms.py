@@ -191,9 +191,9 @@ class ArrivalTerms:
                 cache[key] = self._then_curve(ret_fit, ret, _task_of(dec, key)).cdf_from_start(bins)
             return cache[key]
 
-        # Until decodes have been timed, the prior says nothing useful about short turns: one-step assumption.
+        # Until a decode has been timed the prior says nothing useful about short turns: one-step assumption.
         learned = dec.classes.get((len(dec.levels) - 1,))
-        if learned is None or learned.count < dec.min_samples:
+        if learned is None or not learned.count:
             second_idx = None
         idx = self.snap.members(TrajState.DECODE) if second_idx is not None else slice(0, 0)
         if Snapshot.count(idx):
