@@ -133,6 +133,7 @@ class WorkloadPredictor:
         self.latest: Forecast | None = None
         self.next_refresh_at: float | None = None
         self._load = 0.0  # rho: predicted prefill work per second of pooled capacity, from the last forecast
+        self._typical_x = 0.0  # mean prompt length of the last forecast's predicted arrivals
         self._factors_at_open: tuple[dict, dict, dict, dict] | None = None
         self._last_factors: tuple[dict, dict, dict, dict] = ({}, {}, {}, {})
         self._apply_config(self.config)
@@ -213,7 +214,9 @@ class WorkloadPredictor:
         obs = observed_admissions(now, horizon, pool, x_in, g(x_in), snap.entered[inflight] + snap.engine_shift,
                                   inst_in, x_q, g(x_q), snap.entered[queued] + snap.engine_shift, inst_q, kv)
         x_new = np.array([st.new_sample_prompt(t) for t in range(snap.radix["task"])])
-        typical = float(g(np.array([max(float(np.mean(x_new)), 1.0)]))[0])
+        # a typical predicted request's prefill time: last forecast's mean predicted prompt (returning requests carry
+        # the whole context, much longer than a new sample's), else a new sample's
+        typical = float(g(np.array([max(self._typical_x or float(np.mean(x_new)), 1.0)]))[0])
         admit = admission_horizon(horizon, obs.backlog_s, self._load, typical)
         admit = math.floor(admit / dt + 1e-9) * dt
 
@@ -222,6 +225,8 @@ class WorkloadPredictor:
         again_delay = np.concatenate((obs.finish_at, obs.inflight_finish_at)) - now
         sums = self.terms.compute(snap, horizon, admit, dt, x_new, g, kv, again_delay, again)
         self._load = sum(s.work_s for s in sums.values()) / (pool * horizon)
+        count = sum(s.count for s in sums.values())
+        self._typical_x = sum(s.arrivals for s in sums.values()) / count if count > 0 else 0.0
 
         on = cfg.bias_enabled
         cand_p, gated_p = self.bias_prefill.candidates(), self.bias_prefill.gated()
