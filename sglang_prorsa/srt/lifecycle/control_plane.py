@@ -86,7 +86,7 @@ class LifecycleControlPlane:
             rejections: list[dict[str, Any]] = []
             apply = self.tracker.apply
             for index, event in enumerate(events):
-                outcome = apply(event if event.ts is not None else event.stamped(now))
+                outcome = apply(event, now)  # events without ts take the clock's time on receipt
                 if outcome is Outcome.APPLIED:
                     applied += 1
                 elif outcome is Outcome.DUPLICATE:

@@ -139,9 +139,10 @@ class TrajectoryTracker:
                 "tools": len(self.tools), "instances": len(self.instances), "rejections": len(self.recent_rejections)}
 
     # ----- the state machine -----
-    def apply(self, event: LifecycleEvent) -> Outcome:
-        """Apply one stamped event (``event.ts`` set). Never raises on protocol errors; returns what happened."""
-        ts = float(event.ts)  # type: ignore[arg-type]  # the control plane stamps every event before this
+    def apply(self, event: LifecycleEvent, now: float | None = None) -> Outcome:
+        """Apply one event at ``event.ts`` (or ``now`` when the sender left ``ts`` out: the receiver's clock).
+        Never raises on protocol errors; returns what happened."""
+        ts = float(event.ts if event.ts is not None else now)  # type: ignore[arg-type]
         self._ts = ts  # when the phases ended by this event ended
         transition = TRANSITIONS.get(event.kind)
         if transition is None:
