@@ -57,14 +57,16 @@ class GatedBias:
 
     For each of the last ``gate_windows`` scored windows we keep the raw forecast F, the factor b the correction
     would have applied at the window's start and the realised value R. The factor is used when
-    sum |b*F - R| < sum |F - R| over those windows (at least ``min_windows`` of them); otherwise the raw forecast
-    stands. So the correction cannot make the recent error worse than no correction at all.
+    sum |b*F - R| < (1 - margin) * sum |F - R| over those windows (at least ``min_windows`` of them); otherwise the
+    raw forecast stands. So the correction cannot make the recent error worse than no correction at all, and a
+    factor that only follows noise (an unbiased forecast) stays off.
     """
 
     def __init__(self, beta: float = 0.2, lo: float = 0.5, hi: float = 2.0, gate_windows: int = 12,
-                 min_windows: int = 4) -> None:
+                 min_windows: int = 4, margin: float = 0.0) -> None:
         self.bias = MultiplicativeBias(beta, lo, hi)
         self.min_windows = min_windows
+        self.margin = margin
         self._recent: deque[tuple[float, float, float]] = deque(maxlen=gate_windows)
 
     @property
@@ -78,7 +80,7 @@ class GatedBias:
             return False
         corrected = sum(abs(b * f - r) for f, b, r in self._recent)
         raw = sum(abs(f - r) for f, _, r in self._recent)
-        return corrected < raw
+        return corrected < (1.0 - self.margin) * raw
 
     @property
     def factor(self) -> float:
@@ -101,10 +103,11 @@ class SourceBiases:
     corrected total has beaten the raw total over the recent windows (per-source errors can cancel in the total)."""
 
     def __init__(self, sources: tuple[str, ...], beta: float, lo: float, hi: float, gate_windows: int,
-                 min_windows: int) -> None:
+                 min_windows: int, margin: float = 0.0) -> None:
         self.sources = sources
-        self.by_source = {s: GatedBias(beta, lo, hi, gate_windows, min_windows) for s in sources}
+        self.by_source = {s: GatedBias(beta, lo, hi, gate_windows, min_windows, margin) for s in sources}
         self.min_windows = min_windows
+        self.margin = margin
         self._totals: deque[tuple[float, float, float]] = deque(maxlen=gate_windows)  # (raw, corrected, realised)
 
     def candidates(self) -> dict[str, float]:
@@ -125,7 +128,8 @@ class SourceBiases:
     def total_enabled(self) -> bool:
         if len(self._totals) < self.min_windows:
             return False
-        return sum(abs(c - r) for _, c, r in self._totals) < sum(abs(f - r) for f, _, r in self._totals)
+        corrected = sum(abs(c - r) for _, c, r in self._totals)
+        return corrected < (1.0 - self.margin) * sum(abs(f - r) for f, _, r in self._totals)
 
     def observe(self, raw: dict[str, float], realised: dict[str, float], candidates_at_open: dict[str, float],
                 gated_at_open: dict[str, float]) -> None:

@@ -59,8 +59,9 @@ class PredictorConfig:
     bias_enabled: bool = True
     bias_beta: float = 0.2
     bias_bounds: tuple[float, float] = (0.5, 2.0)
-    bias_gate_windows: int = 12  # recent scored windows the gate compares corrected and raw error over
-    bias_gate_min_windows: int = 4  # fewer scored windows than this: no correction
+    bias_gate_windows: int = 20  # recent scored windows the gate compares corrected and raw error over
+    bias_gate_min_windows: int = 8  # fewer scored windows than this: no correction
+    bias_gate_margin: float = 0.05  # the correction must cut the recent error by this fraction to be applied
     recent_windows: int = 30
 
     def __post_init__(self) -> None:
@@ -70,6 +71,8 @@ class PredictorConfig:
             raise ConfigError("default_prompt_tokens", "must be >= 0")
         if self.kv_page_size < 1:
             raise ConfigError("kv_page_size", "must be >= 1")
+        if not 0.0 <= self.bias_gate_margin < 1.0:
+            raise ConfigError("bias_gate_margin", f"must be in [0, 1), got {self.bias_gate_margin}")
         for name in ("min_class_samples", "min_survival_samples", "history_per_class", "bias_gate_windows",
                      "recent_windows"):
             if getattr(self, name) < 1:

@@ -146,7 +146,7 @@ class WorkloadPredictor:
         self._kv = KVFootprint(config.kv_page_size)
         lo, hi = config.bias_bounds
         kw = dict(beta=config.bias_beta, lo=lo, hi=hi, gate_windows=config.bias_gate_windows,
-                  min_windows=config.bias_gate_min_windows)
+                  min_windows=config.bias_gate_min_windows, margin=config.bias_gate_margin)
         self.bias_prefill = SourceBiases(ARRIVAL_SOURCES, **kw)
         self.bias_decode = SourceBiases(ARRIVAL_SOURCES, **kw)
 

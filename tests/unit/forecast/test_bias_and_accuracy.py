@@ -104,3 +104,18 @@ def test_persistence_baseline_and_paused_windows():
     assert (b.prefill_arrival_tokens, b.decode_admission_tokens) == (100, 50)  # what it forecasts next
     d = b.to_dict()
     assert d["ratio"]["prefill"] == pytest.approx((20 / 220) / (50 / 220))
+
+
+def test_gate_margin_keeps_a_marginal_correction_off():
+    from sglang_prorsa.srt.forecast.bias import GatedBias
+
+    gate = GatedBias(beta=1.0, gate_windows=12, min_windows=2, margin=0.05)
+    for f, r in ((100.0, 104.0), (100.0, 96.0), (100.0, 104.0)):  # noise around a good forecast
+        gate.observe(f, gate.candidate, r)
+    # candidates at the starts: 1, 1.04, 0.96: corrected 4 + 8 + 8 = 20 vs raw 12: off either way
+    assert not gate.enabled
+    strong = GatedBias(beta=1.0, gate_windows=12, min_windows=2, margin=0.05)
+    for _ in range(3):
+        strong.observe(100.0, strong.candidate, 130.0)
+    # corrected 30 + 0 + 0 = 30 < 0.95 * 90: on
+    assert strong.enabled and strong.factor == pytest.approx(1.3)
