@@ -9,7 +9,6 @@ router (``make_router``). The API has no authentication, so it binds to loopback
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
 import sys
@@ -17,10 +16,11 @@ import sys
 from fastapi import FastAPI
 
 from sglang_prorsa.srt.entrypoints.lifecycle_api import make_router
-from sglang_prorsa.srt.lifecycle.control_plane import LifecycleControlPlane
+from sglang_prorsa.srt.forecast.config import PredictorConfig
+from sglang_prorsa.srt.lifecycle.control_plane import REFRESH_INTERVAL_S, LifecycleControlPlane
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
-TICK_INTERVAL_S = 0.25  # refresh lag bound: windows close within this of their scheduled end
+TICK_INTERVAL_S = REFRESH_INTERVAL_S  # refresh lag bound: windows close within this of their scheduled end
 
 logger = logging.getLogger("sglang_prorsa.control_plane")
 
@@ -30,17 +30,12 @@ def build_app(control_plane: LifecycleControlPlane | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        # Refresh every S even when no request comes in, so accuracy windows are closed on time.
-        async def ticker() -> None:
-            while True:
-                control_plane.tick()
-                await asyncio.sleep(TICK_INTERVAL_S)
-
-        task = asyncio.create_task(ticker())
+        # A background thread closes accuracy windows on time and keeps a fresh forecast ready, off the event loop.
+        control_plane.start(TICK_INTERVAL_S)
         try:
             yield
         finally:
-            task.cancel()
+            control_plane.stop()
 
     app = FastAPI(title="sglang-prorsa control plane", lifespan=lifespan)
     app.include_router(make_router(control_plane))
@@ -58,15 +53,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30100)
     parser.add_argument("--allow-remote", action="store_true", help="permit a non-loopback --host (no auth!)")
+    parser.add_argument("--horizon", type=float, default=10.0, help="forecast horizon S in seconds (Appendix B)")
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
+    if not (args.horizon > 0):
+        parser.error(f"--horizon must be > 0, got {args.horizon}")
     if args.host not in LOOPBACK_HOSTS and not args.allow_remote:
         parser.error(f"--host {args.host} is not loopback; the API is unauthenticated (pass --allow-remote to insist)")
 
     import uvicorn
 
     logging.basicConfig(level=args.log_level.upper())
-    uvicorn.run(build_app(), host=args.host, port=args.port, log_level=args.log_level)
+    app = build_app(LifecycleControlPlane(config=PredictorConfig(horizon_s=args.horizon)))
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 

@@ -13,6 +13,8 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from sglang_prorsa.srt.forecast.profile import PrefillTimeProfile
 from sglang_prorsa.srt.forecast.sampler import InjectionConfig, InjectionPolicy
 
@@ -31,12 +33,80 @@ class LogNormal:
             return min(self.hi, max(self.lo, self.median))
         return min(self.hi, max(self.lo, self.median * math.exp(self.sigma * rng.gauss(0.0, 1.0))))
 
+    def sample_many(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` independent draws with the distribution of ``sample`` (the floor oracle's Monte Carlo)."""
+        if self.sigma <= 0:
+            return np.full(n, min(self.hi, max(self.lo, self.median)))
+        return np.clip(self.median * np.exp(self.sigma * rng.standard_normal(n)), self.lo, self.hi)
+
+
+@dataclass(frozen=True)
+class Gamma:
+    """A duration with a lighter tail than the log-normal (shape > 1: rarely near zero), clipped to [lo, hi]."""
+
+    mean: float
+    shape: float
+    lo: float = 0.0
+    hi: float = math.inf
+
+    @property
+    def median(self) -> float:  # the presets read medians for defaults; close enough for shape >= 1
+        return self.mean * (1.0 - 1.0 / (3.0 * self.shape + 0.2))
+
+    def sample(self, rng: random.Random) -> float:
+        return min(self.hi, max(self.lo, rng.gammavariate(self.shape, self.mean / self.shape)))
+
+    def sample_many(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.clip(rng.gamma(self.shape, self.mean / self.shape, n), self.lo, self.hi)
+
+
+@dataclass(frozen=True)
+class Weibull:
+    """Weibull(scale, shape): shape < 1 gives a heavy tail with many very short values (e.g. cached tool calls)."""
+
+    scale: float
+    shape: float
+    lo: float = 0.0
+    hi: float = math.inf
+
+    @property
+    def median(self) -> float:
+        return self.scale * math.log(2.0) ** (1.0 / self.shape)
+
+    def sample(self, rng: random.Random) -> float:
+        return min(self.hi, max(self.lo, rng.weibullvariate(self.scale, self.shape)))
+
+    def sample_many(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.clip(self.scale * rng.weibull(self.shape, n), self.lo, self.hi)
+
+
+@dataclass(frozen=True)
+class Bimodal:
+    """With probability ``p_fast`` the ``fast`` distribution, else ``slow`` (e.g. a tool that usually hits a cache)."""
+
+    fast: LogNormal
+    slow: LogNormal
+    p_fast: float
+
+    @property
+    def median(self) -> float:
+        return self.fast.median if self.p_fast >= 0.5 else self.slow.median
+
+    def sample(self, rng: random.Random) -> float:
+        return (self.fast if rng.random() < self.p_fast else self.slow).sample(rng)
+
+    def sample_many(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.where(rng.random(n) < self.p_fast, self.fast.sample_many(rng, n), self.slow.sample_many(rng, n))
+
+
+Duration = LogNormal | Gamma | Weibull | Bimodal
+
 
 @dataclass(frozen=True)
 class ToolSpec:
     name: str
     weight: float
-    duration_s: LogNormal
+    duration_s: Duration
     result_tokens: LogNormal
 
 
@@ -81,6 +151,8 @@ class RolloutSetting:
     group_size: int
     injection: InjectionConfig = field(default_factory=lambda: InjectionConfig(InjectionPolicy.NONE))
     train_gap_s: float = 60.0  # sync: step end -> next step's launch (training + weight sync)
+    # sync: the trainer reports weights_updated this long before the next launch (None: it reports nothing)
+    weights_updated_before_s: float | None = 2.0
 
     @property
     def concurrency(self) -> int:
@@ -183,3 +255,38 @@ def preset(name: str, mode: str = "async") -> WorkloadSpec:
 def with_injection(spec: WorkloadSpec, injection: InjectionConfig) -> WorkloadSpec:
     """The same workload under another (asynchronous) injection policy."""
     return replace(spec, rollout=replace(spec.rollout, mode="async", injection=injection))
+
+
+def scaled(spec: WorkloadSpec, live: int) -> WorkloadSpec:
+    """The same workload with about ``live`` trajectories in flight: more groups, and prefill instances in
+    proportion, so the engine runs at the same utilisation as the preset."""
+    groups = max(1, round(live / spec.rollout.group_size))
+    factor = groups / spec.rollout.groups
+    engine = replace(spec.engine, prefill_instances=max(1, round(spec.engine.prefill_instances * factor)))
+    return replace(spec, engine=engine, rollout=replace(spec.rollout, groups=groups))
+
+
+def varied(spec: WorkloadSpec, *, tool_shape: str | None = None, turns_scale: float = 1.0,
+           prewarm_hit_rate: float | None = None) -> WorkloadSpec:
+    """A robustness variant: tool durations of another shape with the same median ("gamma": light tail,
+    "weibull": heavy tail with many short calls, "bimodal": 70 % fast cache hits, 30 % four times slower), the turn
+    count scaled, or another prewarm / cold startup mix."""
+    task = spec.task
+    if tool_shape is not None:
+        task = replace(task, tools=tuple(replace(t, duration_s=_reshape(t.duration_s, tool_shape)) for t in task.tools))
+    if turns_scale != 1.0:
+        t = task.turns
+        task = replace(task, turns=replace(t, median=t.median * turns_scale, hi=max(t.lo, t.hi * turns_scale)))
+    if prewarm_hit_rate is not None:
+        task = replace(task, prewarm_hit_rate=prewarm_hit_rate)
+    return replace(spec, task=task)
+
+
+def _reshape(d: LogNormal, shape: str) -> Duration:
+    if shape == "gamma":
+        return Gamma(mean=d.median * 1.1, shape=3.0, lo=d.lo, hi=d.hi)
+    if shape == "weibull":
+        return Weibull(scale=d.median / math.log(2.0) ** (1 / 0.7), shape=0.7, lo=d.lo, hi=d.hi)
+    if shape == "bimodal":
+        return Bimodal(LogNormal(d.median * 0.6, 0.3, d.lo, d.hi), LogNormal(d.median * 2.4, 0.4, d.lo, d.hi), 0.7)
+    raise ValueError(f"tool_shape must be gamma, weibull or bimodal, got {shape!r}")

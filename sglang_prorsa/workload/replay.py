@@ -14,6 +14,7 @@ from typing import Iterable
 
 from sglang_prorsa.srt.forecast.accuracy import WapeSummary, WindowRecord
 from sglang_prorsa.srt.forecast.config import PredictorConfig
+from sglang_prorsa.srt.forecast.sampler import InjectionConfig, InjectionPolicy
 from sglang_prorsa.srt.lifecycle.control_plane import LifecycleControlPlane
 from sglang_prorsa.srt.lifecycle.events import LifecycleEvent
 from sglang_prorsa.srt.utils.clock import ManualClock
@@ -31,6 +32,7 @@ class ReplayReport:
     wape: WapeSummary
     windows: tuple[WindowRecord, ...]
     wall_s: float
+    floor: tuple[tuple[float, float, float], ...] = ()  # (window start, arrivals, admissions) of the oracle, if any
 
     def line(self) -> str:
         w = self.wape
@@ -40,10 +42,13 @@ class ReplayReport:
 
 
 def config_for(spec: WorkloadSpec, horizon_s: float = 10.0) -> PredictorConfig:
-    """What a trainer running ``spec`` would post to /lifecycle/config."""
+    """What a trainer running ``spec`` would post to /lifecycle/config (synchronous steps: the ``sync`` policy)."""
+    injection = spec.rollout.injection
+    if spec.rollout.mode == "sync":
+        injection = InjectionConfig(InjectionPolicy.SYNC)
     return PredictorConfig(
         horizon_s=horizon_s,
-        injection=spec.rollout.injection,
+        injection=injection,
         default_prompt_tokens=round(spec.task.first_prompt_tokens.median),
         prefill_instances=tuple(str(m) for m in range(spec.engine.prefill_instances)),
         prefill_profile=spec.engine.profile(),
@@ -52,18 +57,23 @@ def config_for(spec: WorkloadSpec, horizon_s: float = 10.0) -> PredictorConfig:
 
 def replay_events(
     events: Iterable[LifecycleEvent], control_plane: LifecycleControlPlane, clock: ManualClock, *, name: str = "replay",
-    seed: int = 0, end_s: float | None = None,
+    seed: int = 0, end_s: float | None = None, oracle=None,
 ) -> ReplayReport:
+    """Replay ``events`` (time-ordered) into ``control_plane``; ``oracle`` (optional, e.g. ``FloorOracle``) sees the
+    same events and forecasts each window from the same instant."""
     horizon = control_plane.config.horizon_s
     start_wall = time.perf_counter()
     next_tick = clock.now()
     windows: list[WindowRecord] = []
+    floor: list[tuple[float, float, float]] = []
     count = 0
 
     def tick_until(t: float) -> None:
         nonlocal next_tick
         while t >= next_tick:
             clock.set(next_tick)
+            if oracle is not None:
+                floor.append((next_tick, *oracle.forecast(next_tick)))
             control_plane.tick()
             if control_plane.predictor.accuracy.recent:
                 last = control_plane.predictor.accuracy.recent[-1]
@@ -75,6 +85,8 @@ def replay_events(
         tick_until(event.ts)
         clock.set(max(clock.now(), event.ts))
         control_plane.ingest([event])
+        if oracle is not None:
+            oracle.observe(event)
         count += 1
     if end_s is not None:
         tick_until(end_s)  # close the windows that ended before the end of the run
@@ -87,6 +99,7 @@ def replay_events(
         wape=control_plane.predictor.accuracy.summary(),
         windows=tuple(windows),
         wall_s=time.perf_counter() - start_wall,
+        floor=tuple(floor),
     )
 
 

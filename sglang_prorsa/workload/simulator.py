@@ -6,7 +6,8 @@ to the instance that frees up first, as a least-loaded router would); service ti
 noise; decode takes output_tokens * TPOT (with noise) and is not capacity-limited. Trainer model:
 
 * ``sync``: a step launches ``groups * group_size`` samples at once; when every one has finished reward, training
-  takes ``train_gap_s`` and the next step launches.
+  takes ``train_gap_s`` and the next step launches; ``weights_updated_before_s`` before that launch the trainer
+  reports ``weights_updated`` (the step boundary a real trainer's weight sync marks; issue 13).
 * ``async``: ``groups`` groups launch at t = 0; then the injection policy decides: ``group`` launches a new group when
   all members of a group finished reward, ``replace_on_reward`` launches one sample per *admitted* reward completion
   (the paper's f(n) = n on N_pass), ``fixed_rate`` launches at a constant rate.
@@ -45,6 +46,7 @@ class RolloutSimulator:
         self._g = spec.engine.profile()
         self._group_left: dict[str, int] = {}
         self._step_left = 0
+        self._version = 0
         self.launched = 0
 
     # ----- public -----
@@ -79,6 +81,10 @@ class RolloutSimulator:
             self._at(0.0, lambda t: self._launch_group(t, rollout.group_size))
         if rollout.injection.policy is InjectionPolicy.FIXED_RATE:
             self._at(1.0 / rollout.injection.rate_per_s, self._fixed_rate_tick)
+
+    def _weights_updated(self, t: float) -> None:
+        self._version += 1
+        self._out.append(LifecycleEvent("", EventKind.WEIGHTS_UPDATED, ts=t, weight_version=str(self._version)))
 
     def _launch_step(self, t: float) -> None:
         self._step_left = self.spec.rollout.concurrency
@@ -122,6 +128,9 @@ class RolloutSimulator:
             self._step_left -= 1
             if self._step_left == 0:
                 self._at(t + rollout.train_gap_s, self._launch_step)
+                before = rollout.weights_updated_before_s
+                if before is not None:
+                    self._at(t + max(0.0, rollout.train_gap_s - before), self._weights_updated)
             return
         policy = rollout.injection.policy
         if policy is InjectionPolicy.REPLACE_ON_REWARD and plan.accepted:

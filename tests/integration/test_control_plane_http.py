@@ -1,5 +1,6 @@
 """The standalone control plane over real HTTP: `python -m sglang_prorsa.control_plane` on 127.0.0.1."""
 
+import math
 import os
 import signal
 import socket
@@ -93,14 +94,34 @@ def test_whole_trajectory_over_http_and_forecast(base_url):
     fc = requests.get(f"{base_url}/prorsa/forecast", params={"at": t0 + 1.0}, timeout=10).json()
     assert fc["t"] == pytest.approx(t0 + 1.0) and fc["horizon_s"] == 10
     assert fc["sources"]["ready"] == 700 and fc["sources"]["inflight"] == 0
-    assert fc["sources"]["tool"] == 1500  # prior tau 5 s, elapsed 0.5 s: due within the horizon
+    # no tool history: the prior (exponential, mean 5 s) from 0.5 s into the tool: q = 1 - exp(-10 / 5)
+    arrivals = fc["arrivals"]
+    assert arrivals["tool"]["raw"] == pytest.approx(1500 * (1 - math.exp(-2.0)))
+    # sources.tool (the first cut's grouping) also counts h2's possible return through a tool after its decode
+    assert arrivals["decode_return"]["raw"] > 0
+    assert fc["sources"]["tool"] == pytest.approx(sum(arrivals[s]["raw"] for s in ("tool", "decode_return", "resend")))
     assert fc["live_trajectories"] == 2 and fc["rejected_events"] == 1
-    assert fc["prefill_tokens"] == pytest.approx(700 + 1500 * fc["bias"]["prefill"])
-    for key in ("decode_admission_tokens", "decode_kv_tokens", "wape", "bias"):
+    assert fc["prefill_tokens"] == pytest.approx(700 + fc["sources"]["tool"] * fc["bias"]["prefill"])
+    for key in ("decode_admission_tokens", "decode_kv_tokens", "wape", "bias", "baseline", "paused", "arrivals"):
         assert key in fc
     assert set(fc["sources"]) == {"sampler", "sandbox", "ready", "tool", "inflight"}
+    assert fc["baseline"]["method"] == "persistence" and fc["paused"] is False
+    now = requests.get(f"{base_url}/prorsa/forecast", timeout=10).json()  # the refresher's latest, precomputed
+    assert now["horizon_s"] == 10 and now["live_trajectories"] == 2
     status = requests.get(f"{base_url}/lifecycle/status", timeout=10).json()
-    assert status["events"]["invalid_transition"] == 1
+    assert status["events"]["invalid_transition"] == 1 and status["refresher"]["running"]
+
+
+def test_control_events_over_http(base_url):
+    r = post(base_url, "/lifecycle", {"events": [{"event": "generation_paused", "mode": "retract"},
+                                                 {"event": "weights_updated", "weight_version": "3"}]})
+    assert r.status_code == 200 and r.json()["applied"] == 2
+    fc = requests.get(f"{base_url}/prorsa/forecast", params={"at": time.time()}, timeout=10).json()
+    assert fc["paused"] is True and fc["weight_version"] == "3"
+    r = post(base_url, "/lifecycle", {"event": "generation_continued"})
+    assert r.status_code == 200 and r.json()["applied"] == 1
+    r = post(base_url, "/lifecycle", {"event": "generation_paused", "mode": "sideways"})
+    assert r.status_code == 422 and r.json()["field"] == "mode"
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,11 @@
 """Predictor configuration: what the trainer tells the engine (``POST /lifecycle/config``) plus tuning knobs.
 
 Trainer-facing fields (issue 3): the injection policy (``replace_on_reward``; ``fixed_rate`` with ``rate_per_s``;
-``group`` with ``group_size``; ``none`` for synchronous rollout), ``default_prompt_tokens`` (x_hat of a new sample,
-B.2 Eq. 5) and ``horizon_s`` (S, default 10 s, Appendix B.1). Engine-facing fields: the prefill instances, the profiled
-g(x) and the KV page size for kappa_D(x) (B.7). The rest are priors used until enough history exists.
+``group`` with ``group_size``; ``sync``, synchronous steps with the next step forecast, optional ``step_size``;
+``none``, nothing injected), ``default_prompt_tokens`` (x_hat of a new sample, B.2 Eq. 5) and ``horizon_s`` (S,
+default 10 s, Appendix B.1; the server sets it at construction and reports it with every forecast). Engine-facing
+fields: the prefill instances, the profiled g(x) and the KV page size for kappa_D(x) (B.7). The rest are priors used
+until enough history exists, and the bias-correction knobs.
 
 JSON form accepted by ``apply_config_update`` (all keys optional, merged into the current config)::
 
@@ -38,17 +40,28 @@ class PredictorConfig:
     prefill_instances: tuple[str, ...] = ()
     prefill_profile: PrefillTimeProfile = field(default_factory=PrefillTimeProfile)
     kv_page_size: int = 1
-    tool_ema_alpha: float = 0.1  # Eq. 9
-    min_class_samples: int = 5  # "enough samples" before a finer conditioning class is trusted
+    tool_ema_alpha: float = 0.1  # Eq. 9 (the EMA is kept for reference; the forecast uses survival curves)
+    min_class_samples: int = 5  # first prompts seen before their mean replaces default_prompt_tokens
+    min_survival_samples: int = 32  # completions before a finer duration class's survival curve is trusted
     history_per_class: int = 2048
+    # priors: mean durations (exponential) used until a class has completions
     reward_prior_s: float = 10.0
     prewarm_startup_prior_s: float = 3.0
     cold_startup_prior_s: float = 30.0
     launch_delay_prior_s: float = 2.0
     tool_prior_s: float = 5.0
+    ready_wait_prior_s: float = 0.5
+    post_tool_prior_s: float = 0.5
+    decode_prior_s: float = 10.0
+    resend_prior_s: float = 1.0
+    train_gap_prior_s: float = 60.0  # sync: last reward of a step -> the next step's first sample
+    # bias correction (B.8), per source, only on predicted parts, gated (issue 10 item 2)
     bias_enabled: bool = True
     bias_beta: float = 0.2
     bias_bounds: tuple[float, float] = (0.5, 2.0)
+    bias_gate_windows: int = 20  # recent scored windows the gate compares corrected and raw error over
+    bias_gate_min_windows: int = 8  # fewer scored windows than this: no correction
+    bias_gate_margin: float = 0.05  # the correction must cut the recent error by this fraction to be applied
     recent_windows: int = 30
 
     def __post_init__(self) -> None:
@@ -58,6 +71,12 @@ class PredictorConfig:
             raise ConfigError("default_prompt_tokens", "must be >= 0")
         if self.kv_page_size < 1:
             raise ConfigError("kv_page_size", "must be >= 1")
+        if not 0.0 <= self.bias_gate_margin < 1.0:
+            raise ConfigError("bias_gate_margin", f"must be in [0, 1), got {self.bias_gate_margin}")
+        for name in ("min_class_samples", "min_survival_samples", "history_per_class", "bias_gate_windows",
+                     "recent_windows"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, "must be >= 1")
 
     def to_dict(self) -> dict[str, Any]:
         prof = self.prefill_profile
@@ -67,6 +86,7 @@ class PredictorConfig:
                 "policy": self.injection.policy.value,
                 "rate_per_s": self.injection.rate_per_s,
                 "group_size": self.injection.group_size,
+                **({"step_size": self.injection.step_size} if self.injection.step_size else {}),
             },
             "default_prompt_tokens": self.default_prompt_tokens,
             "prefill_instances": list(self.prefill_instances),
@@ -96,7 +116,7 @@ def _injection(value: Any) -> InjectionConfig:
         value = {"policy": value}
     if not isinstance(value, dict):
         raise ConfigError("injection", "must be a policy name or an object with 'policy'")
-    unknown = sorted(set(value) - {"policy", "rate_per_s", "group_size"})
+    unknown = sorted(set(value) - {"policy", "rate_per_s", "group_size", "step_size"})
     if unknown:
         raise ConfigError(f"injection.{unknown[0]}", "unknown field")
     try:
@@ -106,8 +126,9 @@ def _injection(value: Any) -> InjectionConfig:
         raise ConfigError("injection.policy", f"must be one of {names}, got {value.get('policy')!r:.40}")
     rate = _number(value, "rate_per_s") if "rate_per_s" in value else 0.0
     size = _number(value, "group_size", integer=True) if "group_size" in value else 0
+    step = _number(value, "step_size", integer=True) if "step_size" in value else 0
     try:
-        return InjectionConfig(policy, float(rate), int(size))
+        return InjectionConfig(policy, float(rate), int(size), int(step))
     except ValueError as exc:
         raise ConfigError("injection", str(exc))
 

@@ -12,6 +12,9 @@ model, as in the paper).
 Predicted arrivals are expectations (a sandbox start that lands in the horizon with probability q), so a job carries a
 ``weight`` in (0, 1]: it contributes ``weight * x`` tokens and occupies its instance for ``weight * g(x)`` seconds,
 which keeps the expected queueing delay without inventing whole requests.
+
+The reference recurrence over individual jobs. The predictor uses the vectorised form in admissions.py (exact for
+observed requests; a fluid approximation for predicted arrivals).
 """
 
 from __future__ import annotations

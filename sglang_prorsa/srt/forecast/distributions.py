@@ -1,5 +1,9 @@
 """Empirical duration distributions conditioned on elapsed time, with censoring (paper B.2 Eq. 2, B.3 Eq. 6).
 
+The exact (event-time) Kaplan-Meier of the first cut. The predictor now uses the grid version (grid.py, stores.py),
+which is O(n) per refresh and equal to this one on grid data; this module stays as the reference it is checked
+against.
+
 Both the reward and the sandbox-startup forecasts need ``q = P(T < e + S | T > e)`` for an operation that has been
 running for ``e`` seconds. Estimating it from *completed* durations only is biased short: the long operations are
 exactly the ones still running, so early in a rollout step the history holds only the fast ones. We therefore use the

@@ -1,38 +1,52 @@
-"""The short-horizon workload predictor (paper §4.1.2, Appendix B).
+"""The short-horizon workload predictor (paper §4.1.2, Appendix B; rebuilt for issue 10).
 
-``WorkloadPredictor.forecast(now)`` reads the tracker's live trajectories and returns, for [t, t + S):
+``WorkloadPredictor.forecast(now)`` reads the tracker's columns and returns, for [t, t + S):
 
-    W_P = W_samp + W_start + W_ready + W_tool + W_inflight                      (Eq. 15; sources Eq. 5, 7, 8, 11, 12)
-    A_D, K_D from the per-instance serial recurrence over in-flight, queued and predicted requests    (Eq. 13-14)
+    W_P = predicted arrivals + W_ready + W_inflight                                        (Eq. 15; Eq. 8, 12)
+    A_D, K_D = observed requests through the per-instance recurrence (Eq. 13-14)
+             + predicted arrivals over the admission horizon h* (admissions.py)
 
-with the online multiplicative bias correction (B.8) applied to the *predicted* parts: the predicted arrivals
-(sampler + sandbox + tool; the ready and in-flight backlog is observed, not predicted) and A_D / K_D.
-``refresh(now)`` is the every-S step: it closes the accuracy window that just ended, updates the bias from its
-residuals, and opens the next window with the new forecast.
+Predicted arrivals are sum_i q_i * x_i over every live trajectory (terms.py, samples.py): the paper's sampler (B.2)
+and sandbox (B.3) terms with censored survival curves conditioned on elapsed time, and, beyond the paper, every
+other state (tool -> next request replacing the tool EMA test of B.5, decode-return, resend after an abort, the
+sync-mode next step). The ready queue and in-flight prefills are observed backlog, counted in full (B.4, B.6).
+
+The bias correction (B.8) is per source and touches only predicted parts: the backlog and the observed admissions
+stay as measured. Each source's factor is used only while it has beaten no correction over the recent windows,
+windows with a step boundary or a pause do not update it (bias.py, steps.py).
+
+``refresh(now)`` is the every-S step: it closes the accuracy window that just ended (scores it against the forecast
+and against persistence), updates the corrections from its per-source residuals, and opens the next window with the
+new forecast. The refresh is vectorised (snapshot.py): the live trajectories sorted by state once, a few dozen numpy
+passes over them (O(live)), small tables per duration class; no Python loop over trajectories.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from sglang_prorsa.srt.forecast.accuracy import AccuracyTracker, WapeSummary
-from sglang_prorsa.srt.forecast.bias import MultiplicativeBias
+from sglang_prorsa.srt.forecast.accuracy import ARRIVAL_SOURCES, AccuracyTracker, BaselineSummary, WapeSummary
+from sglang_prorsa.srt.forecast.admissions import admission_horizon, observed_admissions
+from sglang_prorsa.srt.forecast.bias import SourceBiases
 from sglang_prorsa.srt.forecast.config import PredictorConfig
-from sglang_prorsa.srt.forecast.decode_admissions import PrefillJob, forecast_decode_admissions
+from sglang_prorsa.srt.forecast.grid import grid_step
 from sglang_prorsa.srt.forecast.profile import KVFootprint
-from sglang_prorsa.srt.forecast.sampler import SamplerForecast, forecast_sampler, make_injection_rule
-from sglang_prorsa.srt.forecast.statistics import LifecycleStatistics, launch_chain, reward_chain, startup_chain
-from sglang_prorsa.srt.forecast.tool_ema import tool_class_chain
+from sglang_prorsa.srt.forecast.sampler import InjectionPolicy, SamplerForecast
+from sglang_prorsa.srt.forecast.statistics import LifecycleStatistics
+from sglang_prorsa.srt.forecast.steps import StepModel
+from sglang_prorsa.srt.forecast.terms import ArrivalTerms, Snapshot
 from sglang_prorsa.srt.lifecycle.states import TrajState
-from sglang_prorsa.srt.lifecycle.tracker import TrajectoryTracker
+from sglang_prorsa.srt.lifecycle.tracker import Phase, TrajectoryTracker
 
 
 @dataclass(frozen=True)
 class SourceBreakdown:
-    """Raw (uncorrected) prefill-token contribution of each source."""
+    """Raw (uncorrected) prefill-token contribution per source, in the first cut's five groups. ``tool`` counts every
+    trajectory expected back from a tool: in a tool, decoding towards one (decode-return) or resending after an
+    abort; ``Forecast.arrivals`` splits it."""
 
     sampler: float
     sandbox: float
@@ -55,12 +69,12 @@ class Forecast:
     horizon_s: float
     prefill_tokens: float  # W_P: backlog + bias-corrected predicted arrivals
     prefill_arrival_tokens: float  # bias-corrected predicted arrivals only
-    decode_admission_tokens: float  # A_D, bias-corrected
-    decode_kv_tokens: float  # K_D, bias-corrected
-    decode_kv_current_tokens: float  # K_D_t approximated by kappa_D(prompt) of requests in decode
+    decode_admission_tokens: float  # A_D: observed + bias-corrected predicted
+    decode_kv_tokens: float  # K_D, the same way
+    decode_kv_current_tokens: float  # K_D_t: kappa_D(prompt + generated so far) of requests in decode
     sources: SourceBreakdown
     raw_decode_admission_tokens: float
-    bias_prefill: float
+    bias_prefill: float  # effective factor on the predicted arrivals (corrected / raw)
     bias_decode: float
     p_hat: float
     launch_delay_s: float
@@ -69,6 +83,12 @@ class Forecast:
     live_trajectories: int
     rejected_events: int
     states: dict[str, int]
+    paused: bool = False  # generation is paused: hold decisions (the engine states are frozen, not idle)
+    arrivals: dict = field(default_factory=dict)  # per source: raw, factor, tokens, admitted
+    baseline: BaselineSummary | None = None
+    admission_horizon_s: float = 0.0
+    decode_observed_tokens: float = 0.0  # the part of A_D from requests queued or in prefill at t
+    weight_version: str | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -90,6 +110,13 @@ class Forecast:
             "live_trajectories": self.live_trajectories,
             "rejected_events": self.rejected_events,
             "states": self.states,
+            "paused": self.paused,
+            "arrivals": self.arrivals,
+            "decode": {"observed_tokens": self.decode_observed_tokens,
+                       "predicted_tokens": self.decode_admission_tokens - self.decode_observed_tokens,
+                       "admission_horizon_s": self.admission_horizon_s},
+            "baseline": self.baseline.to_dict() if self.baseline is not None else None,
+            "weight_version": self.weight_version,
         }
 
 
@@ -97,22 +124,31 @@ class WorkloadPredictor:
     def __init__(self, tracker: TrajectoryTracker, config: PredictorConfig | None = None) -> None:
         self.tracker = tracker
         self.config = config or PredictorConfig()
-        self.stats = LifecycleStatistics(self.config)
+        self.stats = LifecycleStatistics(self.config, tracker)
         self.accuracy = AccuracyTracker(self.config.recent_windows)
-        tracker.add_observer(self.stats)
-        tracker.add_observer(self.accuracy)
+        self.steps = StepModel(self.config.train_gap_prior_s)
+        for observer in (self.stats, self.accuracy, self.steps):
+            tracker.add_observer(observer)
+        self.terms = ArrivalTerms(tracker, self.stats, self.steps, self.config)
         self.latest: Forecast | None = None
         self.next_refresh_at: float | None = None
+        self._load = 0.0  # rho: predicted prefill work per second of pooled capacity, from the last forecast
+        self._typical_x = 0.0  # mean prompt length of the last forecast's predicted arrivals
+        self._factors_at_open: tuple[dict, dict, dict, dict] | None = None
+        self._last_factors: tuple[dict, dict, dict, dict] = ({}, {}, {}, {})
         self._apply_config(self.config)
 
     def _apply_config(self, config: PredictorConfig) -> None:
         self.config = config
         self.stats.config = config
-        self._rule = make_injection_rule(config.injection)
+        self.terms.config = config
+        self.steps.active = config.injection.policy is InjectionPolicy.SYNC
         self._kv = KVFootprint(config.kv_page_size)
         lo, hi = config.bias_bounds
-        self.bias_prefill = MultiplicativeBias(config.bias_beta, lo, hi)
-        self.bias_decode = MultiplicativeBias(config.bias_beta, lo, hi)
+        kw = dict(beta=config.bias_beta, lo=lo, hi=hi, gate_windows=config.bias_gate_windows,
+                  min_windows=config.bias_gate_min_windows, margin=config.bias_gate_margin)
+        self.bias_prefill = SourceBiases(ARRIVAL_SOURCES, **kw)
+        self.bias_decode = SourceBiases(ARRIVAL_SOURCES, **kw)
 
     def reconfigure(self, config: PredictorConfig) -> None:
         """New trainer settings: learned statistics stay; the open window closes unscored and the bias restarts
@@ -120,14 +156,19 @@ class WorkloadPredictor:
         self.accuracy.discard()
         self._apply_config(config)
         self.next_refresh_at = None
+        self._factors_at_open = None
 
     # ----- refresh every S (B.8) -----
     def refresh(self, now: float) -> Forecast:
-        record = self.accuracy.close()
-        if record is not None and self.config.bias_enabled:
-            self.bias_prefill.update(record.raw_arrivals, record.realised_arrivals)
-            self.bias_decode.update(record.raw_decode, record.realised_decode)
+        window = self.accuracy.open_window
+        boundary = window is not None and self.steps.boundary_in(window["start"], now)
+        record = self.accuracy.close(boundary=boundary)
+        if record is not None and self.config.bias_enabled and not record.boundary and self._factors_at_open:
+            cand_p, gated_p, cand_d, gated_d = self._factors_at_open
+            self.bias_prefill.observe(record.raw_sources, record.realised_sources, cand_p, gated_p)
+            self.bias_decode.observe(record.raw_decode_sources, record.realised_decode_sources, cand_d, gated_d)
         forecast = self.forecast(now)
+        self._factors_at_open = self._last_factors
         self.accuracy.open(
             now,
             now + forecast.horizon_s,
@@ -136,6 +177,10 @@ class WorkloadPredictor:
             backlog=forecast.sources.backlog,
             forecast_decode=forecast.decode_admission_tokens,
             raw_decode=forecast.raw_decode_admission_tokens,
+            states=self.tracker.columns.view("state"),
+            paused=self.tracker.paused,
+            raw_sources={s: v["raw"] for s, v in forecast.arrivals.items()},
+            raw_decode_sources={s: v["admitted_raw"] for s, v in forecast.arrivals.items()},
         )
         self.latest = forecast
         self.next_refresh_at = now + forecast.horizon_s
@@ -148,127 +193,125 @@ class WorkloadPredictor:
         return False
 
     # ----- the forecast itself -----
+    def _snapshot(self, now: float) -> Snapshot:
+        tr = self.tracker
+        shift = max(0.0, now - tr.paused_since) if tr.paused_since is not None else 0.0
+        return Snapshot(now, shift, tr.columns, {"task": len(tr.tasks), "tool": len(tr.tools), "mode": 2})
+
     def forecast(self, now: float) -> Forecast:
         cfg, tr, st = self.config, self.tracker, self.stats
         horizon = cfg.horizon_s
-        g = cfg.prefill_profile
-        x_new = st.new_sample_prompt()
-        predicted: list[PrefillJob] = []
+        dt = grid_step(horizon)
+        snap = self._snapshot(now)
+        g, kv = cfg.prefill_profile.many, self._kv.many
 
-        sampler = self._sampler(now, horizon, x_new)
-        if sampler.n_launch > 0 and x_new > 0:
-            arrival = now + sampler.arrival_offset_s
-            whole = int(math.floor(sampler.n_launch))
-            predicted += [PrefillJob(x_new, arrival)] * whole
-            if sampler.n_launch - whole > 1e-9:
-                predicted.append(PrefillJob(x_new, arrival, weight=sampler.n_launch - whole))
+        # observed: in-flight prefills (B.6) and the ready queue (B.4), through Eq. 13 (engine clocks: pause-aware)
+        inflight, queued = snap.members(TrajState.PREFILL), snap.members(TrajState.READY)
+        x_in, x_q = snap.prompt[inflight].clip(0), snap.prompt[queued].clip(0)
+        inst_in, inst_q = snap.instance[inflight].astype(np.int64), snap.instance[queued].astype(np.int64)
+        known = np.unique(np.concatenate((inst_in[inst_in >= 0], inst_q[inst_q >= 0])))
+        pool = max(len(cfg.prefill_instances), known.size, 1)
+        obs = observed_admissions(now, horizon, pool, x_in, g(x_in), snap.entered[inflight] + snap.engine_shift,
+                                  inst_in, x_q, g(x_q), snap.entered[queued] + snap.engine_shift, inst_q, kv)
+        x_new = np.array([st.new_sample_prompt(t) for t in range(snap.radix["task"])])
+        # a typical predicted request's prefill time: last forecast's mean predicted prompt (returning requests carry
+        # the whole context, much longer than a new sample's), else a new sample's
+        typical = float(g(np.array([max(self._typical_x or float(np.mean(x_new)), 1.0)]))[0])
+        admit = admission_horizon(horizon, obs.backlog_s, self._load, typical)
+        admit = math.floor(admit / dt + 1e-9) * dt
 
-        w_start = self._sandbox(now, horizon, x_new, predicted)
-        w_tool = self._tool(now, horizon, predicted)
+        # predicted arrivals per source, over S and over h*; the ready queue precedes prefill in the sorted columns
+        again = snap.span(TrajState.READY, TrajState.PREFILL)
+        again_delay = np.concatenate((obs.finish_at, obs.inflight_finish_at)) - now
+        sums = self.terms.compute(snap, horizon, admit, dt, x_new, g, kv, again_delay, again)
+        self._load = sum(s.work_s for s in sums.values()) / (pool * horizon)
+        count = sum(s.count for s in sums.values())
+        self._typical_x = sum(s.arrivals for s in sums.values()) / count if count > 0 else 0.0
 
-        queued = []
-        w_ready = 0.0
-        for traj in tr.in_state(TrajState.READY).values():
-            x = float(traj.prompt_tokens or 0)
-            w_ready += x
-            queued.append(PrefillJob(x, now, instance=traj.instance))
+        on = cfg.bias_enabled
+        cand_p, gated_p = self.bias_prefill.candidates(), self.bias_prefill.gated()
+        cand_d, gated_d = self.bias_decode.candidates(), self.bias_decode.gated()
+        f_p = self.bias_prefill.factors() if on else {s: 1.0 for s in sums}
+        f_d = self.bias_decode.factors() if on else {s: 1.0 for s in sums}
+        self._last_factors = (cand_p, gated_p, cand_d, gated_d)
+        raw_arrivals = sum(s.arrivals for s in sums.values())
+        arrivals = sum(f_p[k] * s.arrivals for k, s in sums.items())
+        raw_admitted = sum(s.admitted for s in sums.values())
+        admitted = sum(f_d[k] * s.admitted for k, s in sums.items())
+        admitted_kv = sum(f_d[k] * s.admitted_kv for k, s in sums.items())
+        per_source = {k: {"raw": s.arrivals, "factor": f_p[k], "tokens": f_p[k] * s.arrivals,
+                          "admitted_raw": s.admitted, "decode_factor": f_d[k], "admitted": f_d[k] * s.admitted,
+                          "requests": s.count} for k, s in sums.items()}
 
-        inflight = []
-        w_inflight = 0.0
-        for traj in tr.in_state(TrajState.PREFILL).values():
-            x = float(traj.prompt_tokens or 0)
-            w_inflight += x
-            inflight.append(PrefillJob(x, traj.entered_at, instance=traj.instance, finish_at=traj.entered_at + g(x)))
-
-        instances = list(cfg.prefill_instances) or sorted({j.instance for j in inflight + queued if j.instance})
-        admissions = forecast_decode_admissions(now, horizon, instances, inflight, queued, predicted, g, self._kv)
-        kv_now = sum(self._kv(t.prompt_tokens or 0) for t in tr.in_state(TrajState.DECODE).values())
-
-        sources = SourceBreakdown(sampler.tokens, w_start, w_ready, w_tool, w_inflight)
-        b_p = self.bias_prefill.factor if cfg.bias_enabled else 1.0
-        b_d = self.bias_decode.factor if cfg.bias_enabled else 1.0
-        arrivals = b_p * sources.predicted_arrivals
+        w_ready, w_inflight = float(x_q.sum()), float(x_in.sum())
+        sources = SourceBreakdown(sums["sampler"].arrivals, sums["sandbox"].arrivals, w_ready,
+                                  sums["tool"].arrivals + sums["decode_return"].arrivals + sums["resend"].arrivals,
+                                  w_inflight)
         return Forecast(
             t=now,
             horizon_s=horizon,
             prefill_tokens=sources.backlog + arrivals,
             prefill_arrival_tokens=arrivals,
-            decode_admission_tokens=b_d * admissions.tokens,
-            decode_kv_tokens=b_d * admissions.kv_tokens,
-            decode_kv_current_tokens=kv_now,
+            decode_admission_tokens=obs.tokens + admitted,
+            decode_kv_tokens=obs.kv_tokens + admitted_kv,
+            decode_kv_current_tokens=self._decode_kv_now(snap),
             sources=sources,
-            raw_decode_admission_tokens=admissions.tokens,
-            bias_prefill=b_p,
-            bias_decode=b_d,
+            raw_decode_admission_tokens=obs.tokens + raw_admitted,
+            bias_prefill=arrivals / raw_arrivals if raw_arrivals > 0 else 1.0,
+            bias_decode=admitted / raw_admitted if raw_admitted > 0 else 1.0,
             p_hat=st.acceptance.value,
             launch_delay_s=st.launch_delay.value,
-            sampler=sampler,
+            sampler=self._sampler_summary(snap, horizon, dt, sums["sampler"]),
             wape=self.accuracy.summary(),
             live_trajectories=tr.live_count,
             rejected_events=tr.rejected_count,
             states=tr.state_counts(),
+            paused=tr.paused,
+            arrivals=per_source,
+            baseline=self.accuracy.baseline(),
+            admission_horizon_s=admit,
+            decode_observed_tokens=obs.tokens,
+            weight_version=tr.weight_version,
         )
 
-    def _sampler(self, now: float, horizon: float, x_new: float) -> SamplerForecast:
-        """B.2 over trajectories in reward."""
-        tr, st = self.tracker, self.stats
-        in_reward = list(tr.in_state(TrajState.REWARD).values())
-        snap = st.reward.snapshot([reward_chain(t.task) for t in in_reward], [t.elapsed(now) for t in in_reward])
-        d_hat = st.launch_delay.value
-        s_pw = max(0.0, horizon - d_hat)
-        groups = [
-            (t.group_id, t.group_id is None or not tr.group_waiting_outside_reward(t.group_id)) for t in in_reward
-        ]
-        return forecast_sampler(
-            snap.prob_within(horizon),
-            snap.prob_within(s_pw),
-            snap.mean_residual_within(s_pw),
-            groups,
-            rule=self._rule,
-            p_hat=st.acceptance.value,
-            launch_delay_s=d_hat,
-            horizon_s=horizon,
-            new_prompt_tokens=x_new,
-        )
+    def _decode_kv_now(self, snap: Snapshot) -> float:
+        """K_D_t: prompt plus the tokens generated so far (elapsed decode time x the learned decode speed)."""
+        idx = snap.members(TrajState.DECODE)
+        if not Snapshot.count(idx):
+            return 0.0
+        speed = np.array([self.stats.decode_tokens_per_s(t) for t in range(snap.radix["task"])])
+        tokens = snap.prompt[idx].clip(0)
+        if speed.any():  # the engine reports output tokens: add what the running decodes generated so far
+            tokens = tokens + np.floor(snap.elapsed(idx, engine=True) * speed[snap.task[idx]])
+        return float(self._kv.many(tokens).sum())
 
-    def _sandbox(self, now: float, horizon: float, x_new: float, predicted: list[PrefillJob]) -> float:
-        """B.3 (Eq. 6-7) over starting sandboxes; launched-but-not-started samples use the launch-delay distribution,
-        and sandboxes reported ready count with q = 1 (their first request is being dispatched)."""
-        tr, st = self.tracker, self.stats
-        total = 0.0
-        groups = (
-            (tr.in_state(TrajState.SANDBOX_STARTING).values(), st.startup, lambda t: startup_chain(t.mode, t.startup_load)),
-            (tr.in_state(TrajState.SAMPLED).values(), st.launch, lambda t: launch_chain()),
-        )
-        for trajs, durations, chain_of in groups:
-            trajs = list(trajs)
-            if not trajs:
-                continue
-            snap = durations.snapshot([chain_of(t) for t in trajs], [t.elapsed(now) for t in trajs])
-            q = snap.prob_within(horizon)
-            r = snap.mean_residual_within(horizon)
-            x = np.array([t.next_prompt_tokens if t.next_prompt_tokens is not None else x_new for t in trajs], float)
-            total += float(np.dot(q, x))
-            predicted.extend(PrefillJob(float(xi), now + float(ri), weight=float(qi)) for qi, ri, xi in zip(q, r, x) if qi > 0)
-        for t in tr.in_state(TrajState.SANDBOX_READY).values():
-            x = float(t.next_prompt_tokens if t.next_prompt_tokens is not None else x_new)
-            total += x
-            predicted.append(PrefillJob(x, now))
-        return total
-
-    def _tool(self, now: float, horizon: float, predicted: list[PrefillJob]) -> float:
-        """B.5 (Eq. 10-11): r_i = max(0, tau_i - e_i); contributes x_hat_i iff r_i < S. TOOL_DONE has r_i = 0."""
-        tr, st = self.tracker, self.stats
-        total = 0.0
-        for t in tr.in_state(TrajState.TOOL).values():
-            tau = st.tool.estimate(tool_class_chain(t.task, t.tool, t.turn, t.tool_load))
-            r = max(0.0, tau - t.elapsed(now))
-            if r < horizon:
-                x = st.next_prompt(t)
-                total += x
-                predicted.append(PrefillJob(x, now + r))
-        for t in tr.in_state(TrajState.TOOL_DONE).values():
-            x = st.next_prompt(t)
-            total += x
-            predicted.append(PrefillJob(x, now))
-        return total
+    def _sampler_summary(self, snap: Snapshot, horizon: float, dt: float, sums) -> SamplerForecast:
+        """B.2's diagnostics: N_pass over S (Eq. 3), launches, and the new-sample arrivals the forecast counts."""
+        idx = snap.members(TrajState.REWARD)
+        p_hat = self.stats.acceptance.value
+        n_pass, q = 0.0, np.zeros(0)
+        if Snapshot.count(idx):
+            (q,) = self.stats.stores[Phase.REWARD].evaluate(snap.ids(idx), snap.radix, snap.elapsed(idx), dt, (horizon,),
+                                                            now=snap.now)
+            n_pass = p_hat * float(q.sum())
+        d_hat = self.stats.launch_delay.value
+        policy = self.config.injection.policy
+        if policy is InjectionPolicy.REPLACE_ON_REWARD:
+            n_samp = n_pass
+        elif policy is InjectionPolicy.FIXED_RATE:
+            n_samp = self.config.injection.rate_per_s * horizon
+        elif policy is InjectionPolicy.GROUP:  # Eq. 4 with the group rule: P(group completes) = prod of members' q
+            n_samp = 0.0
+            keep, gid = self.terms.completable(idx)
+            if keep.any():
+                q_done, gid = q[keep], gid[keep]
+                key = np.where(gid < 0, -1 - np.arange(gid.size), gid)
+                order = np.argsort(key, kind="stable")
+                first = np.flatnonzero(np.r_[True, np.diff(key[order]) != 0])
+                with np.errstate(divide="ignore"):
+                    per_group = np.exp(np.add.reduceat(np.log(q_done[order]), first))
+                n_samp = self.config.injection.group_size * float(per_group.sum())
+        else:
+            n_samp = self.terms.launches
+        return SamplerForecast(n_pass=n_pass, n_samp=n_samp, launch_horizon_s=max(0.0, horizon - d_hat),
+                               n_launch=sums.count, tokens=sums.arrivals, arrival_offset_s=d_hat)

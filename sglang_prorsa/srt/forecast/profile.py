@@ -15,6 +15,8 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class PrefillTimeProfile:
@@ -49,6 +51,21 @@ class PrefillTimeProfile:
         (xa, sa), (xb, sb) = pts[i - 1], pts[i]
         return max(0.0, sa + (sb - sa) * (x - xa) / (xb - xa))
 
+    def many(self, tokens: np.ndarray) -> np.ndarray:
+        """g(x) for an array of prompt lengths (the same function as calling it on each)."""
+        x = np.maximum(np.asarray(tokens, np.float64), 0.0)
+        pts = self.points
+        if not pts:
+            return self.base_s + self.per_token_s * x + self.per_token2_s * x * x
+        if len(pts) == 1:
+            x0, s0 = pts[0]
+            return s0 * x / x0 if x0 > 0 else np.full_like(x, s0)
+        xs = np.array(self._xs)
+        ss = np.array([s for _, s in pts])
+        i = np.clip(np.searchsorted(xs, x, side="right"), 1, len(pts) - 1)
+        xa, xb, sa, sb = xs[i - 1], xs[i], ss[i - 1], ss[i]
+        return np.maximum(0.0, sa + (sb - sa) * (x - xa) / (xb - xa))
+
 
 @dataclass(frozen=True)
 class KVFootprint:
@@ -61,3 +78,7 @@ class KVFootprint:
     def __call__(self, tokens: float) -> float:
         """kappa_D(x) in KV token slots."""
         return float(math.ceil(max(0.0, float(tokens)) / self.page_size) * self.page_size)
+
+    def many(self, tokens: np.ndarray) -> np.ndarray:
+        x = np.maximum(np.asarray(tokens, np.float64), 0.0)
+        return np.ceil(x / self.page_size) * self.page_size

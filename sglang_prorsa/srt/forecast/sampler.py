@@ -11,6 +11,10 @@ paper evaluates f "with the current sampler state, including known group-complet
 nonlinear / group rules this is a plug-in approximation, not an exact expectation (as the paper says).
 Only members still in reward are summed; members past reward are gone from R_t and members in decode or tool are
 excluded (one-step assumption). New samples are assumed to hit the prewarm pool (their delay is d_hat).
+
+The predictor uses this module's policies, p_hat and d_hat; the sampler's arrivals themselves are computed in
+samples.py (the launch delay as a distribution chained after each reward, beyond the paper). ``forecast_sampler``
+and the ``InjectionRule`` classes are the first cut's Eq. 2-5, kept as the reference.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ class InjectionPolicy(str, Enum):
     FIXED_RATE = "fixed_rate"  # refresh at a configured rate, independent of rewards
     GROUP = "group"  # a whole GRPO group is launched when a group's members have all finished reward
     NONE = "none"  # synchronous rollout: nothing is injected inside a step (extension beyond the paper's list)
+    # synchronous rollout with the next step forecast: when the step's last trajectories finish, the next step's batch
+    # (``step_size`` samples, or as many as the last step launched) arrives after a learned training gap (beyond B.2)
+    SYNC = "sync"
 
 
 @dataclass(frozen=True)
@@ -35,12 +42,15 @@ class InjectionConfig:
     policy: InjectionPolicy = InjectionPolicy.REPLACE_ON_REWARD
     rate_per_s: float = 0.0  # fixed_rate
     group_size: int = 0  # group
+    step_size: int = 0  # sync: samples per step (0: learn it from the last step)
 
     def __post_init__(self) -> None:
         if self.policy is InjectionPolicy.FIXED_RATE and not self.rate_per_s > 0:
             raise ValueError("fixed_rate needs rate_per_s > 0")
         if self.policy is InjectionPolicy.GROUP and self.group_size < 1:
             raise ValueError("group needs group_size >= 1")
+        if self.step_size < 0:
+            raise ValueError("step_size must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)

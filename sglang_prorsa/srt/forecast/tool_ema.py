@@ -7,6 +7,9 @@ Classes, finest first: (task, tool, turn, concurrent tool load) -> (task, tool, 
 Every completed tool updates every class it belongs to; a forecast uses the finest class with at least
 ``min_samples`` observations ("whenever enough samples are available"), else the finest class with any observation,
 else the prior. The first observation of a class initialises its EMA (an EMA started at 0 would predict instant tools).
+
+The predictor no longer counts tools with this EMA test (Eq. 10-11 count a tool that has outlived its mean in every
+window, issue 10); it uses censored survival curves of the tool -> next-request delay (stores.py). Kept for reference.
 """
 
 from __future__ import annotations

@@ -6,11 +6,18 @@ object, so they run the same code; only the clock differs (``WallClock`` in serv
 Batches are atomic: ``ingest_payload`` validates every event before applying any, so a bad event rejects the whole
 batch (nothing applied); a valid batch is applied under the lock, so no forecast observes half of it. Protocol errors
 (invalid transitions, unknown trajectories) are *not* validation errors: they are counted and reported per event.
+
+Servers call ``start()``: a daemon thread then closes due windows and computes the current forecast every
+``interval_s``, so ``forecast()`` (no ``at``) returns a fresh precomputed forecast at once and no request ever waits
+for a refresh; ingest stays O(events) under a short lock. Simulations and tests with a ``ManualClock`` call
+``tick()`` / ``forecast(at)`` synchronously instead.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -20,6 +27,9 @@ from sglang_prorsa.srt.lifecycle.engine_api import EngineLifecycleReporter
 from sglang_prorsa.srt.lifecycle.events import MAX_BATCH_EVENTS, LifecycleEvent, parse_payload
 from sglang_prorsa.srt.lifecycle.tracker import Outcome, TrajectoryTracker
 from sglang_prorsa.srt.utils.clock import Clock, WallClock
+
+logger = logging.getLogger(__name__)
+REFRESH_INTERVAL_S = 0.25  # refresh lag bound: windows close within this of their scheduled end
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,12 @@ class LifecycleControlPlane:
         self.predictor = WorkloadPredictor(self.tracker, config or PredictorConfig())
         self.engine = EngineLifecycleReporter(self.ingest)  # the engine front's API
         self._lock = threading.Lock()
+        self._current: Forecast | None = None  # computed by the refresher
+        self._current_at = 0.0  # the clock's time of _current
+        self._stop: threading.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._interval_s = REFRESH_INTERVAL_S
+        self.refresh_ms = 0.0  # wall time of the last forecast computation (diagnostics)
 
     @property
     def config(self) -> PredictorConfig:
@@ -62,27 +78,32 @@ class LifecycleControlPlane:
         """Apply already-typed events in order; events without ``ts`` are stamped with the clock on receipt."""
         with self._lock:
             now = self.clock.now()
-            # Close a due window first, so the events below count in the window they fall in.
-            self.predictor.maybe_refresh(now)
+            # Close a due window first, so the events below count in the window they fall in. With the refresher
+            # running this is a cheap check (it closes windows on time); without one, this is where they close.
+            if self._thread is None:
+                self.predictor.maybe_refresh(now)
             applied = duplicates = 0
             rejections: list[dict[str, Any]] = []
+            apply = self.tracker.apply
             for index, event in enumerate(events):
-                outcome = self.tracker.apply(event.stamped(now))
+                outcome = apply(event, now)  # events without ts take the clock's time on receipt
                 if outcome is Outcome.APPLIED:
                     applied += 1
                 elif outcome is Outcome.DUPLICATE:
                     duplicates += 1
-                else:
+                elif len(rejections) < 100:
                     state = self.tracker.recent_rejections[-1].state
                     rejections.append({"index": index, "trajectory_id": event.trajectory_id,
                                        "event": event.kind.value, "state": state, "reason": outcome.value})
-            return IngestResult(len(events), applied, duplicates, len(rejections), rejections[:100])
+            rejected = len(events) - applied - duplicates
+            return IngestResult(len(events), applied, duplicates, rejected, rejections)
 
     def configure(self, payload: Any) -> PredictorConfig:
         """Merge a ``POST /lifecycle/config`` body (raises ``ConfigError``) and apply it."""
         with self._lock:
             config = apply_config_update(self.predictor.config, payload)
             self.predictor.reconfigure(config)
+            self._current = None
             return config
 
     def tick(self) -> bool:
@@ -91,11 +112,73 @@ class LifecycleControlPlane:
             return self.predictor.maybe_refresh(self.clock.now())
 
     def forecast(self, at: float | None = None) -> Forecast:
-        """A fresh forecast at ``at`` (default: now) over the current state; due windows are closed first."""
+        """The forecast now (the refresher's latest when it is fresh), or a fresh one at ``at``; due windows are
+        closed first. With ``at`` (or no refresher) this computes: call it off the event loop."""
+        if at is None:
+            current = self.cached_forecast()
+            if current is not None:
+                return current
         with self._lock:
             now = self.clock.now()
             self.predictor.maybe_refresh(now)
-            return self.predictor.forecast(now if at is None else float(at))
+            return self._compute(now if at is None else float(at))
+
+    def cached_forecast(self) -> Forecast | None:
+        """The refresher's latest forecast if it is at most two refresh intervals old, else None (cheap)."""
+        current = self._current
+        if current is None or self._thread is None:
+            return None
+        if self.clock.now() - self._current_at > 2 * self._interval_s + 5 * self.refresh_ms / 1e3:
+            return None
+        return current
+
+    def _compute(self, at: float) -> Forecast:
+        start = time.perf_counter()
+        forecast = self.predictor.forecast(at)
+        self.refresh_ms = 1e3 * (time.perf_counter() - start)
+        return forecast
+
+    # ----- the background refresher -----
+    def start(self, interval_s: float = REFRESH_INTERVAL_S) -> None:
+        """Close windows and compute the current forecast every ``interval_s`` on a daemon thread (servers)."""
+        if self._thread is not None:
+            return
+        self._interval_s = float(interval_s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(self._stop,), name="prorsa-forecast", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        thread, stop = self._thread, self._stop
+        if thread is None or stop is None:
+            return
+        stop.set()
+        thread.join(timeout_s)
+        self._thread = self._stop = None
+        self._current = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    def refresh_now(self) -> Forecast:
+        """One refresher step: close a due window, compute the current forecast and cache it."""
+        with self._lock:
+            now = self.clock.now()
+            self.predictor.maybe_refresh(now)
+            forecast = self._compute(now)
+            self._current, self._current_at = forecast, now
+            return forecast
+
+    def _run(self, stop: threading.Event) -> None:
+        while True:
+            try:
+                self.refresh_now()
+            except Exception:  # noqa: BLE001 - the refresher must outlive one bad refresh; the error is logged
+                logger.exception("forecast refresh failed")
+            # A large live set makes a refresh slower: never spend more than ~20% of a core on refreshing.
+            if stop.wait(max(self._interval_s, 4 * self.refresh_ms / 1e3)):
+                return
 
     def status(self) -> dict[str, Any]:
         with self._lock:
@@ -107,6 +190,10 @@ class LifecycleControlPlane:
                 "rejected_events": tr.rejected_count,
                 "recent_rejections": [_rejection(r) for r in tr.recent_rejections],
                 "states": tr.state_counts(),
+                "paused": tr.paused,
+                "weight_version": tr.weight_version,
+                "refresher": {"running": self.running, "interval_s": self._interval_s, "last_ms": self.refresh_ms},
+                "memory": tr.memory_footprint(),
                 "config": self.predictor.config.to_dict(),
             }
 

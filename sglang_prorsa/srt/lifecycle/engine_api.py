@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from sglang_prorsa.srt.lifecycle.events import MAX_ID_CHARS, EventKind, LifecycleEvent
+from sglang_prorsa.srt.lifecycle.events import MAX_ID_CHARS, EventKind, LifecycleEvent, PauseMode
 
 TRAJECTORY_ID_HEADER = "X-Trajectory-Id"
 TRAJECTORY_ID_FIELD = "trajectory_id"
@@ -51,9 +51,32 @@ class EngineLifecycleReporter:
         """Prefill completed: a decode admission of the request's prompt tokens."""
         self._emit(trajectory_id, EventKind.PREFILL_END, ts, instance=None if instance is None else str(instance))
 
-    def decode_finished(self, trajectory_id: str, *, ts: float | None = None) -> None:
-        """The response is complete; the trainer will report tool_start or reward_start next."""
-        self._emit(trajectory_id, EventKind.DECODE_END, ts)
+    def decode_finished(self, trajectory_id: str, *, output_tokens: int | None = None, ts: float | None = None) -> None:
+        """The response is complete; the trainer will report tool_start or reward_start next. ``output_tokens``
+        (optional) teaches the predictor the decode speed, for the KV footprint of running decodes."""
+        if output_tokens is not None and output_tokens < 0:
+            raise ValueError(f"output_tokens must be >= 0, got {output_tokens}")
+        self._emit(trajectory_id, EventKind.DECODE_END, ts,
+                   output_tokens=None if output_tokens is None else int(output_tokens))
+
+    # ----- engine-wide control events (the trainer's control surface, issue 13) -----
+    def generation_paused(self, mode: PauseMode | str = PauseMode.ABORT, *, ts: float | None = None) -> None:
+        """``/pause_generation``: in-flight trajectories are suspended (``retract``, ``in_place``: their clocks stop
+        until ``generation_continued``) or dropped (``abort``: they wait for the trainer in ``interrupted``)."""
+        self._emit("", EventKind.GENERATION_PAUSED, ts, pause_mode=PauseMode(mode))
+
+    def generation_continued(self, *, ts: float | None = None) -> None:
+        """``/continue_generation``: suspended trajectories resume where they stopped."""
+        self._emit("", EventKind.GENERATION_CONTINUED, ts)
+
+    def requests_aborted(self, trajectory_ids=None, *, ts: float | None = None) -> None:
+        """``/abort_request``: the named trajectories' (None: every) in-flight requests were dropped."""
+        ids = None if trajectory_ids is None else tuple(str(t) for t in trajectory_ids)
+        self._emit("", EventKind.REQUESTS_ABORTED, ts, trajectory_ids=ids)
+
+    def weights_updated(self, version: str | int | None = None, *, ts: float | None = None) -> None:
+        """A weight update finished (``weight_version``): a step boundary for the forecast."""
+        self._emit("", EventKind.WEIGHTS_UPDATED, ts, weight_version=None if version is None else str(version))
 
     def _emit(self, trajectory_id: str, kind: EventKind, ts: float | None, **fields: Any) -> None:
         prompt = fields.get("prompt_tokens")

@@ -7,6 +7,10 @@ it (trainer and engine) and each sees only half of a hand-off, so two waiting st
 * ``TOOL_DONE`` - the tool returned (``tool_end``); the agent has not yet sent the next request to the engine.
 
 ``SANDBOX_READY`` likewise sits between ``sandbox_ready`` and the first request joining the ready queue.
+
+``INTERRUPTED`` (beyond the paper) is where a trajectory waits after the engine dropped its in-flight request
+(``requests_aborted`` or a pause in ``abort`` mode, issue 13): the trainer resends it (``request_arrived``), treats the
+partial response as final (``tool_start`` / ``reward_start``) or gives the trajectory up (``aborted``).
 """
 
 from __future__ import annotations
@@ -30,8 +34,12 @@ class TrajState(str, Enum):
     TOOL = "tool"
     TOOL_DONE = "tool_done"
     REWARD = "reward"
+    INTERRUPTED = "interrupted"
 
 
+# States whose clocks the engine drives: a pause suspends them (their elapsed time does not run while paused).
+ENGINE_STATES = frozenset({TrajState.READY, TrajState.PREFILL, TrajState.DECODE})
+STATE_CODES: dict[TrajState, int] = {s: i for i, s in enumerate(TrajState)}  # the tracker's state column
 LIVE_STATES = frozenset(TrajState)
 
 # event -> (states it may leave, state it enters; None = finished and removed). ``None`` among the sources means the
@@ -45,16 +53,19 @@ TRANSITIONS: dict[EventKind, tuple[frozenset, TrajState | None]] = {
     # The engine is authoritative about requests: a request arriving while the trainer's tool_end / sandbox_ready is
     # still in flight implies that hint (the two channels race), so it is accepted from those states too.
     EventKind.REQUEST_ARRIVED: (
-        frozenset({None, _S.SAMPLED, _S.SANDBOX_STARTING, _S.SANDBOX_READY, _S.DECODED, _S.TOOL, _S.TOOL_DONE}),
+        frozenset({None, _S.SAMPLED, _S.SANDBOX_STARTING, _S.SANDBOX_READY, _S.DECODED, _S.TOOL, _S.TOOL_DONE,
+                   _S.INTERRUPTED}),
         _S.READY,
     ),
     EventKind.PREFILL_START: (frozenset({_S.READY}), _S.PREFILL),
     EventKind.PREFILL_END: (frozenset({_S.READY, _S.PREFILL}), _S.DECODE),
-    EventKind.DECODE_END: (frozenset({_S.DECODE}), _S.DECODED),
+    # An aborted request may still come back finished (the abort raced its last token): the response is complete.
+    EventKind.DECODE_END: (frozenset({_S.DECODE, _S.INTERRUPTED}), _S.DECODED),
     # The trainer may parse the tool call / stop before the engine's decode_end reaches us: DECODE is a valid source.
-    EventKind.TOOL_START: (frozenset({None, _S.DECODE, _S.DECODED}), _S.TOOL),
+    EventKind.TOOL_START: (frozenset({None, _S.DECODE, _S.DECODED, _S.INTERRUPTED}), _S.TOOL),
     EventKind.TOOL_END: (frozenset({_S.TOOL}), _S.TOOL_DONE),
-    EventKind.REWARD_START: (frozenset({None, _S.DECODE, _S.DECODED, _S.TOOL, _S.TOOL_DONE}), _S.REWARD),
+    EventKind.REWARD_START: (frozenset({None, _S.DECODE, _S.DECODED, _S.TOOL, _S.TOOL_DONE, _S.INTERRUPTED}),
+                             _S.REWARD),
     EventKind.REWARD_END: (frozenset({_S.REWARD}), None),
     EventKind.ABORTED: (frozenset(LIVE_STATES), None),
 }
@@ -87,6 +98,13 @@ class Trajectory:
     next_prompt_tokens: int | None = None  # trainer's estimate of the next request's prompt length
     instance: str | None = None  # prefill instance of the current request
     seen_request: bool = False
+    slot: int = -1  # row in the tracker's columns (vectorised refresh)
+    created_at: float = 0.0
+    sandbox_ready_at: float | None = None
+    decoded_at: float | None = None  # the last decode_end: start of the decode -> next-request delay
+    tool_ended_at: float | None = None
+    interrupted_at: float | None = None
+    output_tokens: int | None = None  # of the last completed response, when the engine reports it
 
     def elapsed(self, now: float) -> float:
         return max(0.0, now - self.entered_at)

@@ -1,95 +1,125 @@
 """The trajectory tracker: the state machine of §4.1.1 over every live trajectory.
 
-Guarantees (issue 3):
-* O(1) per event: dict look-ups and per-state index updates, no scans.
+Guarantees (issues 3, 10, 13, 14):
+* O(1) per event: dict look-ups, a few column writes, running per-state counters; no scans. The engine-wide events
+  (abort-all, a pause in ``abort`` mode, continue) touch the trajectories they affect, found with one vectorised scan.
 * A duplicate (the event that put the trajectory in its current state, sent again) is a counted no-op.
 * An out-of-order or invalid transition is counted, kept in a short report and ignored: it never raises and never
   touches another trajectory.
-* A finished trajectory (``reward_end`` / ``aborted``) leaves the live set; only its id stays in a bounded LRU so a
-  resent terminal event is still recognised as a duplicate. Memory is bounded by the live set, not the history.
-* Durations of completed phases go to the observers (the predictor's statistics and the accuracy tracker).
+* A finished trajectory (``reward_end`` / ``aborted``) leaves the live set and frees its slot; only its id stays in a
+  bounded LRU so a resent terminal event is still recognised as a duplicate. Every map here is bounded by the live
+  set or by a fixed cap (finished ids, rejections, interned names), never by the history.
+* Durations of completed phases, and of phases cut short (censored), go to the observers (the predictor's statistics,
+  the accuracy tracker, the step model) through ``TrackerObserver``.
+* Outcomes, phases and the observer callbacks are defined in observers.py (and importable from here).
+* The engine-wide control events (issue 13): ``generation_paused`` suspends the engine-side states (READY, PREFILL,
+  DECODE: their clocks stop until ``generation_continued``; in ``abort`` mode their requests are dropped),
+  ``requests_aborted`` moves the named (or all) in-flight trajectories to INTERRUPTED, ``weights_updated`` marks a
+  step boundary.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from dataclasses import dataclass
-from enum import Enum
+from collections import deque
 from typing import Iterable
 
-from sglang_prorsa.srt.lifecycle.events import EventKind, LifecycleEvent, SandboxMode
-from sglang_prorsa.srt.lifecycle.states import DEFAULT_TASK, TRANSITIONS, Trajectory, TrajState, load_bucket
+import numpy as np
+
+from sglang_prorsa.srt.lifecycle.columns import Interner, SlotColumns
+from sglang_prorsa.srt.lifecycle.events import EventKind, LifecycleEvent, PauseMode, SandboxMode
+from sglang_prorsa.srt.lifecycle.observers import CALLBACKS, Outcome, Phase, Rejection, TrackerObserver
+from sglang_prorsa.srt.lifecycle.states import (
+    DEFAULT_TASK, ENGINE_STATES, STATE_CODES, TRANSITIONS, Trajectory, TrajState, load_bucket,
+)
 
 FINISHED_IDS_REMEMBERED = 65_536
 REJECTIONS_REPORTED = 64
+MAX_TASKS = 256  # distinct task names kept apart; more share one class (memory bound against odd trainers)
+MAX_TOOLS = 1024
+MAX_INSTANCES = 4096
+_MODE_CODES = {None: -1, SandboxMode.PREWARM: 0, SandboxMode.COLD: 1}
 
 
-class Outcome(str, Enum):
-    APPLIED = "applied"
-    DUPLICATE = "duplicate"
-    INVALID_TRANSITION = "invalid_transition"
-    UNKNOWN_TRAJECTORY = "unknown_trajectory"
-    AFTER_FINISH = "after_finish"
-
-
-@dataclass(frozen=True, slots=True)
-class Rejection:
-    trajectory_id: str
-    event: str
-    state: str | None
-    reason: str
-
-
-class TrackerObserver:
-    """Callbacks for completed phases and realised arrivals. Subclasses override what they need."""
-
-    def on_prefill_arrival(self, traj: Trajectory, ts: float, prompt_tokens: int, previous_tokens: int | None) -> None: ...
-
-    def on_decode_admission(self, traj: Trajectory, ts: float, prompt_tokens: int) -> None: ...
-
-    def on_startup_finished(self, mode: SandboxMode, load: int, duration: float) -> None: ...
-
-    def on_launch_finished(self, duration: float) -> None: ...
-
-    def on_tool_finished(self, traj: Trajectory, duration: float) -> None: ...
-
-    def on_reward_finished(self, task: str, duration: float, accepted: bool | None) -> None: ...
-
-    def on_reward_aborted(self, task: str, duration: float) -> None: ...
 
 
 class TrajectoryTracker:
     def __init__(self, observers: Iterable[TrackerObserver] = ()) -> None:
-        self._observers: list[TrackerObserver] = list(observers)
+        self._observers: list[TrackerObserver] = []
+        # per callback, the bound methods of the observers that override it: no calls to no-op defaults per event
+        self._cb: dict[str, list] = {name: [] for name in CALLBACKS}
+        for observer in observers:
+            self.add_observer(observer)
         self._live: dict[str, Trajectory] = {}
-        # Per-state index: the predictor walks only the states it needs (insertion order = arrival order for READY).
-        self._by_state: dict[TrajState, dict[str, Trajectory]] = {s: {} for s in TrajState}
-        self._finished: OrderedDict[str, None] = OrderedDict()
-        # GRPO bookkeeping for the group injection rule (B.2): live members and members in reward, per group.
-        self._group_live: dict[str, int] = {}
-        self._group_reward: dict[str, int] = {}
+        self._by_slot: list[Trajectory | None] = []
+        self.columns = SlotColumns()
+        self._by_slot.extend([None] * self.columns.capacity)
+        self._state_count: dict[TrajState, int] = {s: 0 for s in TrajState}
+        # ids of the last FINISHED_IDS_REMEMBERED finished trajectories: a ring and a set (an OrderedDict's table
+        # grows in a sawtooth as the oldest ids are dropped; a set reuses its freed slots)
+        self._finished: set[str] = set()
+        self._finished_ring: list[str | None] = [None] * FINISHED_IDS_REMEMBERED  # its length is the bound
+        self._finished_pos = 0
+        self.tasks, self.tools, self.instances = Interner(MAX_TASKS), Interner(MAX_TOOLS), Interner(MAX_INSTANCES)
+        # GRPO bookkeeping for the group injection rule (B.2): live members and members in reward, per live group.
+        self._group_index: dict[str, int] = {}
+        self._group_free: list[int] = []
+        self.group_live: list[int] = []
+        self.group_reward: list[int] = []
         self.counts: dict[Outcome, int] = {o: 0 for o in Outcome}
         self.finished_total = 0
         self.recent_rejections: deque[Rejection] = deque(maxlen=REJECTIONS_REPORTED)
+        # engine-wide state (issue 13)
+        self.paused_since: float | None = None
+        self.pause_mode: PauseMode | None = None
+        self.weight_version: str | None = None
+        self.weights_updated_at: float | None = None
+        self._ts = 0.0
 
     def add_observer(self, observer: TrackerObserver) -> None:
         self._observers.append(observer)
+        for name in CALLBACKS:
+            if getattr(type(observer), name, None) is not getattr(TrackerObserver, name):
+                self._cb[name].append(getattr(observer, name))
 
-    # ----- views for the predictor -----
-    def in_state(self, state: TrajState) -> dict[str, Trajectory]:
-        """Live trajectories in ``state`` (read-only by convention; READY iterates in arrival order)."""
-        return self._by_state[state]
-
+    # ----- views -----
     def get(self, trajectory_id: str) -> Trajectory | None:
         return self._live.get(trajectory_id)
 
+    def at_slot(self, slot: int) -> Trajectory | None:
+        return self._by_slot[slot]
+
+    def in_state(self, state: TrajState) -> dict[str, Trajectory]:
+        """Live trajectories in ``state``, in the order they entered it (a diagnostic: O(live), not for hot paths)."""
+        members = sorted((t for t in self._live.values() if t.state is state), key=lambda t: t.entered_at)
+        return {t.trajectory_id: t for t in members}
+
+    @property
+    def _by_state(self) -> dict[TrajState, dict[str, Trajectory]]:  # diagnostic, O(live)
+        return {s: self.in_state(s) for s in TrajState}
+
+    @property
+    def _group_live(self) -> dict[str, int]:
+        return {g: self.group_live[i] for g, i in self._group_index.items()}
+
+    @property
+    def _group_reward(self) -> dict[str, int]:
+        return {g: self.group_reward[i] for g, i in self._group_index.items()}
+
     def group_waiting_outside_reward(self, group_id: str) -> bool:
         """True while some live member of the group has not reached reward (so the group cannot complete)."""
-        return self._group_live.get(group_id, 0) > self._group_reward.get(group_id, 0)
+        i = self._group_index.get(group_id)
+        return i is not None and self.group_live[i] > self.group_reward[i]
 
     @property
     def live_count(self) -> int:
         return len(self._live)
+
+    def count(self, state: TrajState) -> int:
+        return self._state_count[state]
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_since is not None
 
     @property
     def rejected_count(self) -> int:
@@ -100,13 +130,24 @@ class TrajectoryTracker:
         )
 
     def state_counts(self) -> dict[str, int]:
-        return {s.value: len(d) for s, d in self._by_state.items()}
+        return {s.value: n for s, n in self._state_count.items()}
+
+    def memory_footprint(self) -> dict[str, int]:
+        """Sizes of every map the tracker keeps (the bounded-memory check of issue 14 reads these)."""
+        return {"live": len(self._live), "slots": self.columns.capacity, "finished_ids": len(self._finished),
+                "groups": len(self._group_index), "group_rows": len(self.group_live), "tasks": len(self.tasks),
+                "tools": len(self.tools), "instances": len(self.instances), "rejections": len(self.recent_rejections)}
 
     # ----- the state machine -----
-    def apply(self, event: LifecycleEvent) -> Outcome:
-        """Apply one stamped event (``event.ts`` set). Never raises on protocol errors; returns what happened."""
-        ts = float(event.ts)  # type: ignore[arg-type]  # the control plane stamps every event before this
-        sources, target = TRANSITIONS[event.kind]
+    def apply(self, event: LifecycleEvent, now: float | None = None) -> Outcome:
+        """Apply one event at ``event.ts`` (or ``now`` when the sender left ``ts`` out: the receiver's clock).
+        Never raises on protocol errors; returns what happened."""
+        ts = float(event.ts if event.ts is not None else now)  # type: ignore[arg-type]
+        self._ts = ts  # when the phases ended by this event ended
+        transition = TRANSITIONS.get(event.kind)
+        if transition is None:
+            return self._count(event, None, self._apply_global(event, ts))
+        sources, target = transition
         traj = self._live.get(event.trajectory_id)
         if traj is None:
             if event.trajectory_id in self._finished:
@@ -130,7 +171,7 @@ class TrajectoryTracker:
 
     def _count(self, event: LifecycleEvent, state: TrajState | None, outcome: Outcome) -> Outcome:
         self.counts[outcome] += 1
-        if outcome not in (Outcome.APPLIED, Outcome.DUPLICATE):
+        if outcome is not Outcome.APPLIED and outcome is not Outcome.DUPLICATE:
             self.recent_rejections.append(
                 Rejection(event.trajectory_id, event.kind.value, state.value if state else None, outcome.value)
             )
@@ -138,107 +179,309 @@ class TrajectoryTracker:
 
     def _create(self, event: LifecycleEvent, ts: float, target: TrajState) -> Trajectory:
         traj = Trajectory(event.trajectory_id, target, ts, event.kind, task=event.task or DEFAULT_TASK)
-        traj.group_id = event.group_id
+        traj.created_at = ts
+        traj.slot = slot = self.columns.allocate()
+        if slot >= len(self._by_slot):
+            self._by_slot.extend([None] * (self.columns.capacity - len(self._by_slot)))
+        self._by_slot[slot] = traj
+        self.columns.task[slot] = self.tasks(traj.task)
         if event.kind is EventKind.SAMPLED:
             traj.launched_at = ts
+            self.columns.launched[slot] = ts
         self._live[traj.trajectory_id] = traj
-        self._by_state[target][traj.trajectory_id] = traj
-        if traj.group_id is not None:
-            self._group_live[traj.group_id] = self._group_live.get(traj.group_id, 0) + 1
+        self._state_count[target] += 1
+        if event.group_id is not None:
+            traj.group_id = event.group_id
+            gid = self._group_index.get(event.group_id)
+            if gid is None:
+                gid = self._new_group(event.group_id)
+            self.group_live[gid] += 1
+            self.columns.group[slot] = gid
             if target is TrajState.REWARD:
-                self._group_reward[traj.group_id] = self._group_reward.get(traj.group_id, 0) + 1
+                self.group_reward[gid] += 1
+        for cb in self._cb["on_created"]:
+            cb(traj, ts)
         return traj
+
+    def _new_group(self, group_id: str) -> int:
+        if self._group_free:
+            gid = self._group_free.pop()
+        else:
+            gid = len(self.group_live)
+            self.group_live.append(0)
+            self.group_reward.append(0)
+        self._group_index[group_id] = gid
+        return gid
 
     def _move(self, traj: Trajectory, target: TrajState, ts: float) -> None:
         if traj.state is not target:
-            del self._by_state[traj.state][traj.trajectory_id]
-            self._by_state[target][traj.trajectory_id] = traj
-            if traj.group_id is not None and TrajState.REWARD in (traj.state, target):
-                delta = 1 if target is TrajState.REWARD else -1
-                self._group_reward[traj.group_id] = self._group_reward.get(traj.group_id, 0) + delta
+            self._state_count[traj.state] -= 1
+            self._state_count[target] += 1
+            if traj.group_id is not None and (traj.state is TrajState.REWARD or target is TrajState.REWARD):
+                gid = self.columns.group[traj.slot]
+                self.group_reward[gid] += 1 if target is TrajState.REWARD else -1
         traj.state = target
-        traj.entered_at = ts
+        traj.entered_at = ts  # entering an engine state during a pause: the clock restarts at continue (_resume_clocks)
+        slot, cols = traj.slot, self.columns
+        cols.state[slot] = STATE_CODES[target]
+        cols.entered[slot] = traj.entered_at
 
     def _enter(self, traj: Trajectory, target: TrajState, event: LifecycleEvent, ts: float, previous) -> None:
         kind = event.kind
-        if event.task is not None:
+        cols, slot = self.columns, traj.slot
+        if event.task is not None and event.task != traj.task:
             traj.task = event.task
+            cols.task[slot] = self.tasks(event.task)
         if event.turn is not None:
             traj.turn = event.turn
-        if kind is EventKind.SANDBOX_START:
-            traj.mode = event.mode
-            traj.sandbox_started_at = ts
-            traj.startup_load = load_bucket(self._others_in(TrajState.SANDBOX_STARTING, traj))
-        elif kind is EventKind.REQUEST_ARRIVED:
+            cols.turn[slot] = event.turn
+        if kind is EventKind.REQUEST_ARRIVED:
             self._on_request_arrived(traj, event, ts, previous)
+        elif kind is EventKind.PREFILL_END:
+            for cb in self._cb["on_decode_admission"]:
+                cb(traj, ts, traj.prompt_tokens or 0)
+        elif kind is EventKind.DECODE_END:
+            self._on_decode_end(traj, event, ts, previous)
+        elif kind is EventKind.TOOL_START:
+            self._leave_decode(traj, ts, previous, calls_tool=True)
+            traj.tool = event.tool
+            cols.tool[slot] = self.tools(event.tool or "-")
+            traj.tool_started_at = ts
+            traj.tool_ended_at = None
+            cols.tool_start[slot] = ts
+            traj.tool_load = load_bucket(self._state_count[TrajState.TOOL])
+        elif kind is EventKind.TOOL_END:
+            traj.tool_ended_at = ts
+            self._notify_tool(traj, ts)
+            if traj.tool_started_at is not None:
+                self._phase_done(Phase.TOOL, traj, ts - traj.tool_started_at)
+        elif kind is EventKind.REWARD_START:
+            self._leave_decode(traj, ts, previous, calls_tool=False)
+            self._censor_tool(traj, ts, previous)
+        elif kind is EventKind.SANDBOX_START:
+            traj.mode = event.mode
+            cols.mode[slot] = _MODE_CODES[event.mode]
+            traj.sandbox_started_at = ts
+            cols.sandbox[slot] = ts
+            traj.startup_load = load_bucket(self._state_count[TrajState.SANDBOX_STARTING])
+        elif kind is EventKind.SANDBOX_READY:
+            traj.sandbox_ready_at = ts
+            if traj.sandbox_started_at is not None:
+                self._phase_done(Phase.SANDBOX, traj, ts - traj.sandbox_started_at)
         elif kind is EventKind.PREFILL_START:
             traj.instance = event.instance
-        elif kind is EventKind.PREFILL_END:
-            self._notify_decode_admission(traj, ts)
-        elif kind is EventKind.TOOL_START:
-            traj.tool = event.tool
-            traj.tool_started_at = ts
-            traj.tool_load = load_bucket(self._others_in(TrajState.TOOL, traj))
-        elif kind is EventKind.TOOL_END:
-            self._notify_tool(traj, ts)
+            cols.instance[slot] = self.instances(event.instance)
         # Non-engine events may carry the trainer's estimate of the next request's prompt length (B.3, B.5: x_k, x_hat_i).
         if event.prompt_tokens is not None and kind is not EventKind.REQUEST_ARRIVED:
             traj.next_prompt_tokens = event.prompt_tokens
+            cols.next_prompt[slot] = event.prompt_tokens
         traj.last_kind = kind
         self._move(traj, target, ts)
 
-    def _others_in(self, state: TrajState, traj: Trajectory) -> int:
-        members = self._by_state[state]
-        return len(members) - (1 if traj.trajectory_id in members else 0)
-
     def _on_request_arrived(self, traj: Trajectory, event: LifecycleEvent, ts: float, previous) -> None:
+        phase = self._phase_done
         if previous in (TrajState.SANDBOX_STARTING, TrajState.SANDBOX_READY) and traj.sandbox_started_at is not None:
-            for obs in self._observers:
-                obs.on_startup_finished(traj.mode or SandboxMode.PREWARM, traj.startup_load, ts - traj.sandbox_started_at)
-        # d_hat (B.2) is the delay of a *prewarmed* launch; cold starts would bias it.
-        if not traj.seen_request and traj.launched_at is not None and traj.mode is not SandboxMode.COLD:
-            for obs in self._observers:
-                obs.on_launch_finished(max(0.0, ts - traj.launched_at))
+            for cb in self._cb["on_startup_finished"]:
+                cb(traj.mode or SandboxMode.PREWARM, traj.startup_load, ts - traj.sandbox_started_at)
+            phase(Phase.STARTUP, traj, ts - traj.sandbox_started_at)
+            if traj.sandbox_ready_at is not None:
+                phase(Phase.READY_WAIT, traj, ts - traj.sandbox_ready_at)
+        if not traj.seen_request and traj.launched_at is not None:
+            phase(Phase.LAUNCH, traj, ts - traj.launched_at)
+            # d_hat (B.2) is the delay of a *prewarmed* launch; cold starts would bias it.
+            if traj.mode is not SandboxMode.COLD:
+                for cb in self._cb["on_launch_finished"]:
+                    cb(max(0.0, ts - traj.launched_at))
         if previous is TrajState.TOOL:  # tool_end never came: the arrival ends the tool
             self._notify_tool(traj, ts)
-        if event.turn is None and traj.seen_request:
+        if previous in (TrajState.TOOL, TrajState.TOOL_DONE, TrajState.DECODED) and traj.decoded_at is not None:
+            if previous is TrajState.DECODED:  # the trainer skipped tool_start: the turn continued all the same
+                for cb in self._cb["on_turn_decided"]:
+                    cb(traj, True)
+            phase(Phase.DECODE_RETURN, traj, ts - traj.decoded_at)
+        if traj.tool_started_at is not None and previous in (TrajState.TOOL, TrajState.TOOL_DONE):
+            phase(Phase.TOOL_RETURN, traj, ts - traj.tool_started_at)
+            if traj.tool_ended_at is not None:
+                phase(Phase.POST_TOOL, traj, ts - traj.tool_ended_at)
+        resent = previous is TrajState.INTERRUPTED
+        if resent and traj.interrupted_at is not None:
+            phase(Phase.RESEND, traj, ts - traj.interrupted_at)
+        if event.turn is None and traj.seen_request and not resent:
             traj.turn += 1
+        cols, slot = self.columns, traj.slot
+        cols.turn[slot] = traj.turn
         prior = traj.prompt_tokens
         traj.prompt_tokens = event.prompt_tokens
         traj.next_prompt_tokens = None
         traj.instance = event.instance
         traj.seen_request = True
-        for obs in self._observers:
-            obs.on_prefill_arrival(traj, ts, int(event.prompt_tokens or 0), prior)
+        traj.decoded_at = traj.tool_started_at = traj.tool_ended_at = traj.interrupted_at = None
+        cols.decoded[slot] = cols.tool_start[slot] = -1.0
+        cols.prompt[slot] = float(event.prompt_tokens or 0)
+        cols.next_prompt[slot] = -1.0
+        cols.instance[slot] = self.instances(event.instance)
+        for cb in self._cb["on_prefill_arrival"]:
+            cb(traj, ts, int(event.prompt_tokens or 0), prior)
 
-    def _notify_decode_admission(self, traj: Trajectory, ts: float) -> None:
-        for obs in self._observers:
-            obs.on_decode_admission(traj, ts, traj.prompt_tokens or 0)
+    def _on_decode_end(self, traj: Trajectory, event: LifecycleEvent, ts: float, previous) -> None:
+        if previous is TrajState.DECODE:
+            duration = max(0.0, ts - traj.entered_at)
+            self._phase_done(Phase.DECODE, traj, duration)
+            for cb in self._cb["on_decode_finished"]:
+                cb(traj, ts, duration, event.output_tokens)
+        traj.output_tokens = event.output_tokens
+        traj.decoded_at = ts
+        self.columns.decoded[traj.slot] = ts
+
+    def _leave_decode(self, traj: Trajectory, ts: float, previous, *, calls_tool: bool) -> None:
+        """tool_start / reward_start after a response: the turn's outcome; from DECODE it also ends the decode."""
+        if previous is TrajState.DECODE:  # the trainer's hint raced the engine's decode_end
+            self._phase_done(Phase.DECODE, traj, max(0.0, ts - traj.entered_at))
+            traj.decoded_at = ts
+            self.columns.decoded[traj.slot] = ts
+        if previous in (TrajState.DECODE, TrajState.DECODED):
+            for cb in self._cb["on_turn_decided"]:
+                cb(traj, calls_tool)
+            if not calls_tool:
+                traj.decoded_at = None
+                self.columns.decoded[traj.slot] = -1.0
+
+    def _censor_tool(self, traj: Trajectory, ts: float, previous) -> None:
+        """Leaving a tool without a next request: the tool -> request delays are censored, not completed."""
+        if previous in (TrajState.TOOL, TrajState.TOOL_DONE) and traj.tool_started_at is not None:
+            self._phase_done(Phase.TOOL_RETURN, traj, ts - traj.tool_started_at, completed=False)
+            if previous is TrajState.TOOL:
+                self._phase_done(Phase.TOOL, traj, ts - traj.tool_started_at, completed=False)
+            if traj.decoded_at is not None:
+                self._phase_done(Phase.DECODE_RETURN, traj, ts - traj.decoded_at, completed=False)
+            if traj.tool_ended_at is not None:
+                self._phase_done(Phase.POST_TOOL, traj, ts - traj.tool_ended_at, completed=False)
+            traj.decoded_at = traj.tool_started_at = traj.tool_ended_at = None
+            self.columns.decoded[traj.slot] = self.columns.tool_start[traj.slot] = -1.0
+
+    def _phase_done(self, phase: Phase, traj: Trajectory, duration: float, completed: bool = True) -> None:
+        duration = max(0.0, duration)
+        for cb in self._cb["on_phase"]:
+            cb(phase, traj, duration, completed, self._ts)
 
     def _notify_tool(self, traj: Trajectory, ts: float) -> None:
         if traj.tool_started_at is not None:
-            for obs in self._observers:
-                obs.on_tool_finished(traj, max(0.0, ts - traj.tool_started_at))
+            for cb in self._cb["on_tool_finished"]:
+                cb(traj, max(0.0, ts - traj.tool_started_at))
+
+    def _censor_open_phase(self, traj: Trajectory, ts: float) -> None:
+        """A trajectory that stops (aborted / interrupted) mid-phase: that phase's duration is censored."""
+        state, e = traj.state, max(0.0, ts - traj.entered_at)
+        if state is TrajState.DECODE:
+            self._phase_done(Phase.DECODE, traj, e, completed=False)
+        elif state is TrajState.SAMPLED:
+            self._phase_done(Phase.LAUNCH, traj, e, completed=False)
+        elif state in (TrajState.SANDBOX_STARTING, TrajState.SANDBOX_READY) and traj.sandbox_started_at is not None:
+            self._phase_done(Phase.STARTUP, traj, ts - traj.sandbox_started_at, completed=False)
+            if state is TrajState.SANDBOX_STARTING:
+                self._phase_done(Phase.SANDBOX, traj, e, completed=False)
+            if traj.launched_at is not None:
+                self._phase_done(Phase.LAUNCH, traj, ts - traj.launched_at, completed=False)
+        elif state in (TrajState.TOOL, TrajState.TOOL_DONE):
+            self._censor_tool(traj, ts, state)
+        elif state is TrajState.DECODED and traj.decoded_at is not None:
+            self._phase_done(Phase.DECODE_RETURN, traj, e, completed=False)
+        elif state is TrajState.INTERRUPTED:
+            self._phase_done(Phase.RESEND, traj, e, completed=False)
 
     def _finish(self, traj: Trajectory, event: LifecycleEvent, ts: float) -> None:
         if traj.state is TrajState.REWARD:
             duration = max(0.0, ts - traj.entered_at)
-            for obs in self._observers:
-                if event.kind is EventKind.REWARD_END:
-                    obs.on_reward_finished(traj.task, duration, event.accepted)
-                else:  # an abort during reward is a censored reward duration, not a completed one
-                    obs.on_reward_aborted(traj.task, duration)
+            if event.kind is EventKind.REWARD_END:
+                for cb in self._cb["on_reward_finished"]:
+                    cb(traj.task, duration, event.accepted)
+            else:  # an abort during reward is a censored reward duration, not a completed one
+                for cb in self._cb["on_reward_aborted"]:
+                    cb(traj.task, duration)
+            self._phase_done(Phase.REWARD, traj, duration, completed=event.kind is EventKind.REWARD_END)
+        else:
+            self._censor_open_phase(traj, ts)
         del self._live[traj.trajectory_id]
-        del self._by_state[traj.state][traj.trajectory_id]
+        self._state_count[traj.state] -= 1
+        slot = traj.slot
         if traj.group_id is not None:
-            gid = traj.group_id
+            gid = self.columns.group[slot]
             if traj.state is TrajState.REWARD:
-                self._group_reward[gid] -= 1
-            self._group_live[gid] -= 1
-            if self._group_live[gid] <= 0:
-                self._group_live.pop(gid, None)
-                self._group_reward.pop(gid, None)
-        self._finished[traj.trajectory_id] = None
-        if len(self._finished) > FINISHED_IDS_REMEMBERED:
-            self._finished.popitem(last=False)
+                self.group_reward[gid] -= 1
+            self.group_live[gid] -= 1
+            if self.group_live[gid] <= 0:
+                del self._group_index[traj.group_id]
+                self.group_live[gid] = self.group_reward[gid] = 0
+                self._group_free.append(gid)
+        self.columns.release(slot)
+        self._by_slot[slot] = None
+        old = self._finished_ring[self._finished_pos]
+        if old is not None:
+            self._finished.discard(old)
+        self._finished_ring[self._finished_pos] = traj.trajectory_id
+        self._finished_pos = (self._finished_pos + 1) % len(self._finished_ring)
+        self._finished.add(traj.trajectory_id)
         self.finished_total += 1
+        for cb in self._cb["on_finished"]:
+            cb(traj, ts, len(self._live))
+
+    # ----- engine-wide events (issue 13) -----
+    def _apply_global(self, event: LifecycleEvent, ts: float) -> Outcome:
+        kind = event.kind
+        if kind is EventKind.GENERATION_PAUSED:
+            if self.paused_since is not None:
+                return Outcome.DUPLICATE
+            self.paused_since, self.pause_mode = ts, event.pause_mode or PauseMode.ABORT
+            if self.pause_mode is PauseMode.ABORT:  # SGLang drops the in-flight requests
+                self._interrupt(self._engine_slots(), ts)
+            for cb in self._cb["on_paused"]:
+                cb(ts, self.pause_mode)
+            return Outcome.APPLIED
+        if kind is EventKind.GENERATION_CONTINUED:
+            if self.paused_since is None:
+                return Outcome.DUPLICATE
+            start, self.paused_since, self.pause_mode = self.paused_since, None, None
+            self._resume_clocks(start, ts)
+            for cb in self._cb["on_continued"]:
+                cb(ts, max(0.0, ts - start))
+            return Outcome.APPLIED
+        if kind is EventKind.REQUESTS_ABORTED:
+            if event.trajectory_ids is None:
+                slots = self._engine_slots()
+            else:
+                trajs = (self._live.get(tid) for tid in event.trajectory_ids)
+                slots = [t.slot for t in trajs if t is not None and t.state in ENGINE_STATES]
+            self._interrupt(slots, ts)
+            return Outcome.APPLIED
+        if kind is EventKind.WEIGHTS_UPDATED:
+            if event.weight_version is not None and event.weight_version == self.weight_version:
+                return Outcome.DUPLICATE
+            self.weight_version, self.weights_updated_at = event.weight_version, ts
+            for cb in self._cb["on_weights_updated"]:
+                cb(ts, event.weight_version)
+            return Outcome.APPLIED
+        raise AssertionError(f"unhandled event kind {kind}")  # pragma: no cover - every kind is listed
+
+    def _engine_slots(self) -> list[int]:
+        state = self.columns.view("state")
+        codes = [STATE_CODES[s] for s in ENGINE_STATES]
+        return np.flatnonzero(np.isin(state, codes)).tolist()
+
+    def _interrupt(self, slots: Iterable[int], ts: float) -> None:
+        """The engine dropped these trajectories' requests: they wait in INTERRUPTED for the trainer's next move."""
+        for slot in slots:
+            traj = self._by_slot[slot]
+            if traj is None or traj.state not in ENGINE_STATES:
+                continue
+            if traj.state is TrajState.DECODE:
+                self._phase_done(Phase.DECODE, traj, max(0.0, ts - traj.entered_at), completed=False)
+            traj.interrupted_at = ts
+            traj.last_kind = EventKind.REQUESTS_ABORTED
+            self._move(traj, TrajState.INTERRUPTED, ts)
+
+    def _resume_clocks(self, paused_at: float, ts: float) -> None:
+        """After a pause, engine-side states resume where they stopped: their entry times move by the pause."""
+        for slot in self._engine_slots():
+            traj = self._by_slot[slot]
+            traj.entered_at += max(0.0, ts - max(traj.entered_at, paused_at))
+            self.columns.entered[slot] = traj.entered_at

@@ -1,0 +1,156 @@
+"""Arrivals of samples not launched yet: the data sampler (paper B.2) and the sync launch model (steps.py).
+
+B.2 forecasts the launches that reward completions trigger through the injection rule f, with a prewarmed launch
+delay d_hat and the shortened horizon S_pw = S - d_hat. Here the launch delay is a distribution (sample -> first
+request, cold starts included) chained after each trajectory's remaining reward time, so a replacement counts with
+the probability that it arrives before t + S (beyond the paper: no point estimate, no separate S_pw):
+
+* replace-on-reward: p_hat * sum_i P(R_i - e_i + L < S | R_i > e_i)                         (Eq. 2-5 as one chain)
+* group replenishment: group_size * P(the group's last member ends, then L < S), the members' completion CDFs
+  multiplied (independent completions; only groups with every live member in reward, as in B.2)
+* fixed rate: rate * E[(S - L)+]
+* sync (steps.py): N_step * P(rest of the training gap + L < S), or, when every live trajectory is in reward,
+  the step's end (product of completion CDFs) followed by the gap and L.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sglang_prorsa.srt.forecast.grid import chain_table, sum_cdf
+from sglang_prorsa.srt.forecast.sampler import InjectionPolicy
+from sglang_prorsa.srt.forecast.snapshot import Snapshot, SourceSums
+from sglang_prorsa.srt.lifecycle.states import TrajState
+from sglang_prorsa.srt.lifecycle.tracker import Phase
+
+
+class NewSamples:
+    """The sampler's part of a refresh; reads the refresh's snapshot and horizons from ``terms`` (ArrivalTerms)."""
+
+    def __init__(self, terms) -> None:
+        self.terms = terms
+        self.launches = 0.0  # sample launches decided within S (group / sync rules; diagnostics)
+        self._launch_cdf = None
+
+    def reset(self) -> None:
+        self.launches = 0.0
+        self._launch_cdf = None
+
+    def __getattr__(self, name: str):  # snap, S, h, dt, stats, steps, config, tracker, x_new: the refresh's
+        return getattr(self.terms, name)
+
+    def launch_cdf(self) -> np.ndarray:
+        if self._launch_cdf is None:
+            store = self.stats.stores[Phase.LAUNCH]
+            self._launch_cdf = store.curve((len(store.levels) - 1,), self.dt).cdf_from_start(int(round(self.S / self.dt)) + 2)
+        return self._launch_cdf
+
+    def add(self, sums: SourceSums) -> None:
+        policy = self.config.injection.policy
+        x_new = self.stats.new_sample_prompt(None)
+        if policy is InjectionPolicy.REPLACE_ON_REWARD:
+            idx = self.snap.members(TrajState.REWARD)
+            if Snapshot.count(idx):
+                q_s, q_h = self.stats.stores[Phase.REWARD].evaluate(
+                    self.snap.ids(idx), self.snap.radix, self.snap.elapsed(idx), self.dt, (self.S, self.h),
+                    lambda key: self.launch_cdf(), now=self.snap.now)
+                p = self.stats.acceptance.value
+                self._add(sums, p * q_s, p * q_h, self.x_new[self.snap.task[idx]])
+        elif policy is InjectionPolicy.FIXED_RATE:
+            rate = self.config.injection.rate_per_s
+            n_s, n_h = (rate * self.dt * float(self.launch_cdf()[: int(round(h / self.dt))].sum())
+                        for h in (self.S, self.h))
+            sums.add_new(n_s, n_h, x_new)
+        elif policy is InjectionPolicy.GROUP:
+            self._group(sums, x_new)
+        elif policy is InjectionPolicy.SYNC:
+            self._sync(sums, x_new)
+
+    def completion_cdf(self, ids: dict, e: np.ndarray, bins: int) -> np.ndarray:
+        """Rows: P(reward of trajectory i ends at or before grid point m from now), m = 0..bins-1."""
+        store = self.stats.stores[Phase.REWARD]
+        res, used, _ = store.resolve(ids, self.snap.radix, e.size)
+        b = np.floor(e / self.dt + 1e-9).astype(np.int64)
+        out = np.empty((e.size, bins))
+        m = np.arange(bins)
+        for j, key in enumerate(used):
+            rows = np.flatnonzero(res == j)
+            curve = store.curve(key, self.dt)
+            last = curve.last
+            ext = curve.extended(max(last, 0) + bins + 2)
+            bj = b[rows]
+            tail = bj >= last
+            live = ~tail
+            if live.any():
+                base = ext[bj[live]]
+                out[rows[live]] = 1.0 - ext[bj[live, None] + m[None, :]] / np.maximum(base[:, None], 1e-300)
+            if tail.any():
+                out[rows[tail]] = 1.0 - np.exp(-(m + 0.5) * self.dt / curve.tail_mean_s)[None, :]
+        return np.clip(out, 0.0, 1.0)
+
+    def _arrivals_after(self, done_cdf: np.ndarray, then_cdf: np.ndarray, h: float) -> float:
+        """P(an event whose CDF over grid points is ``done_cdf``, then a delay with ``then_cdf``, lands before h)."""
+        n = int(round(h / self.dt))
+        if n <= 0:
+            return 0.0
+        pmf = np.diff(np.concatenate(([0.0], done_cdf[:n])))
+        return float(np.dot(pmf, then_cdf[n - 1::-1][:n]))
+
+    def _group(self, sums: SourceSums, x_new: float) -> None:
+        """Group replenishment: group_size samples launch when a group's last live member leaves reward."""
+        sl = self.snap.members(TrajState.REWARD)
+        keep, gid = self.completable(sl)
+        if not keep.any():
+            return
+        bins = int(round(self.S / self.dt)) + 2
+        ids = self.snap.ids(sl, keep)
+        cdf = self.completion_cdf(ids, self.snap.elapsed(sl)[keep], bins)
+        gid = gid[keep]
+        key = np.where(gid < 0, -1 - np.arange(gid.size), gid)  # ungrouped: a group of one
+        order = np.argsort(key, kind="stable")
+        key, cdf = key[order], cdf[order]
+        first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        with np.errstate(divide="ignore"):
+            group_cdf = np.exp(np.add.reduceat(np.log(np.maximum(cdf, 0.0)), first, axis=0))
+        size = self.config.injection.group_size
+        launch = self.launch_cdf()
+        n_s, n_h = (size * sum(self._arrivals_after(row, launch, h) for row in group_cdf) for h in (self.S, self.h))
+        sums.add_new(n_s, n_h, x_new)
+
+    def completable(self, sl: slice) -> tuple[np.ndarray, np.ndarray]:
+        """Over the trajectories in reward (slice ``sl``): which have no live group member outside reward (so their
+        completion can launch a new group; B.2 excludes members in decode or tool), and their group rows (-1: none)."""
+        tr = self.tracker
+        gid = self.snap.group[sl].astype(np.int64)
+        if not gid.size:
+            return np.zeros(0, bool), gid
+        live = np.asarray(tr.group_live, np.int64)
+        reward = np.asarray(tr.group_reward, np.int64)
+        safe = np.maximum(gid, 0)
+        complete = (gid < 0) | ((live[safe] == reward[safe]) if live.size else False)
+        return complete, gid
+
+    def _sync(self, sums: SourceSums, x_new: float) -> None:
+        steps, tr = self.steps, self.tracker
+        n_step = steps.step_size(self.config.injection.step_size)
+        if n_step <= 0:
+            return
+        bins = int(round(self.S / self.dt)) + 2
+        launch_store = self.stats.stores[Phase.LAUNCH]
+        launch_curve = launch_store.curve((len(launch_store.levels) - 1,), self.dt)
+        gap = steps.gap_phase(self.snap.now)
+        if gap is not None:  # between steps: the rest of the gap, then the launch delay
+            store, e = gap
+            curve = store.curve((0,), self.dt)
+            self.launches = n_step * float(chain_table(curve, self.S).lookup(np.array([e]))[0])
+            q_s, q_h = (float(chain_table(curve, h, self.launch_cdf()).lookup(np.array([e]))[0]) if h > 0 else 0.0
+                        for h in (self.S, self.h))
+            sums.add_new(n_step * q_s, n_step * q_h, x_new)
+            return
+        idx = self.snap.members(TrajState.REWARD)
+        n = Snapshot.count(idx)
+        if not n or tr.live_count != n:
+            return  # some trajectory of the step is still working: the step cannot end (one-step assumption)
+        done = np.prod(self.completion_cdf(self.snap.ids(idx), self.snap.elapsed(idx), bins), axis=0)
+        then = sum_cdf([steps.gap.curve((0,), self.dt), launch_curve], bins)
+        sums.add_new(*(n_step * self._arrivals_after(done, then, h) for h in (self.S, self.h)), x_new)

@@ -1,0 +1,143 @@
+"""The live trajectories' columns as one refresh sees them, and the per-source sums a refresh accumulates.
+
+The tracker keeps numeric columns per slot (lifecycle/columns.py). A refresh sorts the slots by state once (a linear
+radix sort of the int8 state column) and gathers each column in that order only for the states that read it, so
+every state, and every run of consecutive states, is a contiguous slice: the terms (terms.py, samples.py) read views
+and small gathers, never scan the whole table per term (issue 10, item 5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from sglang_prorsa.srt.lifecycle.states import STATE_CODES, TrajState
+
+
+@dataclass
+class SourceSums:
+    """Raw (uncorrected) predicted arrivals of one source over S, and over h* with their KV and prefill work."""
+
+    arrivals: float = 0.0  # tokens arriving before t + S
+    admitted: float = 0.0  # tokens arriving before t + h* (admitted to decode before t + S)
+    count: float = 0.0  # expected requests before t + S
+    admitted_count: float = 0.0
+    admitted_kv: float = 0.0  # kappa_D of the admitted tokens (set by ``finish``)
+    work_s: float = 0.0  # expected prefill seconds of the arrivals before t + S: the next refresh's load (``finish``)
+
+    def add(self, q_s: np.ndarray, q_h: np.ndarray, x: np.ndarray) -> None:
+        # elementwise products, not np.dot: BLAS threads cost more than they save on a busy machine
+        self.arrivals += float((q_s * x).sum())
+        self.admitted += float((q_h * x).sum())
+        self.count += float(q_s.sum())
+        self.admitted_count += float(q_h.sum())
+
+    def add_new(self, n_arrivals: float, n_admitted: float, x: float) -> None:
+        self.arrivals += n_arrivals * x
+        self.count += n_arrivals
+        self.admitted += n_admitted * x
+        self.admitted_count += n_admitted
+
+    def finish(self, prefill_time, page_size: int) -> None:
+        """Work and KV from the totals (fractional requests): g at the mean predicted length, and kappa_D's page
+        rounding as half a page per request on average (predicted lengths are estimates anyway)."""
+        self.work_s = self.count * float(prefill_time(np.array([self.arrivals / self.count]))[0]) if self.count else 0.0
+        self.admitted_kv = self.admitted + self.admitted_count * (page_size - 1) / 2.0
+
+
+class Snapshot:
+    """The live trajectories' columns, read once per refresh and ordered by state (one stable radix sort of the
+    state column; each column gathered once, when first needed), so every state is a contiguous slice: a term reads
+    views, never gathers. Consecutive state codes (e.g. decoded, tool, tool_done) form one slice too."""
+
+    COLUMNS = ("entered", "prompt", "next_prompt", "task", "tool", "turn", "group", "mode", "instance", "launched",
+               "sandbox", "decoded", "tool_start")
+
+    def __init__(self, now: float, engine_shift: float, columns, radix: dict) -> None:
+        self.now = now
+        self.engine_shift = engine_shift  # seconds the engine states' clocks are behind (a pause in progress)
+        self.radix = radix
+        self._columns = columns
+        state = columns.view("state")
+        self._order = np.argsort(state, kind="stable")  # int8: a linear-time radix sort
+        counts = np.bincount(state.astype(np.int64) + 1, minlength=len(STATE_CODES) + 1)
+        self._ends = np.cumsum(counts)  # _ends[code + 1]: slots with a state code <= code (FREE = -1 first)
+        self._sorted: dict[str, np.ndarray] = {}
+
+    def __getattr__(self, name: str) -> "_SortedColumn":
+        if name not in Snapshot.COLUMNS:
+            raise AttributeError(name)
+        col = self._sorted.get(name)
+        if col is None:
+            col = self._sorted[name] = _SortedColumn(self._columns.view(name), self._order)
+        return col
+
+    def members(self, state: TrajState) -> slice:
+        return self.span(state)
+
+    def span(self, *states: TrajState) -> slice:
+        """The slice of ``states`` (consecutive state codes) in the sorted columns."""
+        codes = sorted(STATE_CODES[s] for s in states)
+        assert codes == list(range(codes[0], codes[-1] + 1)), "states must have consecutive codes"
+        return slice(int(self._ends[codes[0]]), int(self._ends[codes[-1] + 1]))
+
+    @staticmethod
+    def count(sl: slice) -> int:
+        return sl.stop - sl.start
+
+    def elapsed(self, idx, engine: bool = False, since: np.ndarray | None = None) -> np.ndarray:
+        now = self.now - self.engine_shift if engine else self.now
+        return np.maximum(now - (self.entered if since is None else since)[idx], 0.0)
+
+    def running(self, states: tuple[TrajState, ...], since: str) -> tuple["_Ids", np.ndarray]:
+        """(ids, elapsed) of the members of ``states`` whose phase started at column ``since`` (-1: not in it),
+        in sorted order (the members of the lowest state code first)."""
+        sl = self.span(*states)
+        start = getattr(self, since)[sl]
+        keep = start >= 0
+        return _Ids(self, sl, keep), np.maximum(self.now - start[keep], 0.0)
+
+    def ids(self, idx, keep: np.ndarray | None = None) -> "_Ids":
+        """The class columns (task, tool, mode) of the items ``idx``, gathered when a store asks for them."""
+        return _Ids(self, idx, keep)
+
+
+class _SortedColumn:
+    """A column in state order, gathered per slice on demand (a term touches only its states' rows)."""
+
+    def __init__(self, values: np.ndarray, order: np.ndarray) -> None:
+        self._values, self._order = values, order
+        self._cache: dict[tuple[int, int], np.ndarray] = {}
+
+    def __getitem__(self, sl: slice) -> np.ndarray:
+        key = (sl.start, sl.stop)
+        out = self._cache.get(key)
+        if out is None:
+            out = self._cache[key] = self._values[self._order[sl]]
+        return out
+
+
+class _Ids(Mapping):
+    _COLUMNS = ("task", "tool", "mode")
+
+    def __init__(self, snap: Snapshot, sl: slice, keep: np.ndarray | None) -> None:
+        self._snap, self._sl, self._keep = snap, sl, keep
+        self._cache: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        out = self._cache.get(name)
+        if out is None:
+            raw = getattr(self._snap, name)[self._sl]
+            out = np.maximum(raw, 0) if name == "tool" else (raw == 1) if name == "mode" else raw
+            if self._keep is not None:
+                out = out[self._keep]
+            self._cache[name] = out
+        return out
+
+    def __iter__(self):
+        return iter(self._COLUMNS)
+
+    def __len__(self) -> int:
+        return len(self._COLUMNS)

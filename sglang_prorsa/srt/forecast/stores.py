@@ -1,0 +1,326 @@
+"""Duration histories per conditioning class, and their vectorised use at refresh time.
+
+A ``DurationStore`` keeps, for one kind of phase (tool -> next request, decode, reward, ...), a bounded history of
+completed and censored durations per class. Classes are tuples of interned column values, finest first, for
+example (task, tool) -> (task,) -> () for tool returns (B.5 conditions on task and tool; B.3 on the startup mode).
+Every finished phase is recorded in each of its classes. At refresh, each live trajectory uses the finest class with
+at least ``min_samples`` completions, else the finest with any, else the class's prior (an exponential with the
+configured mean). Live trajectories are censored observations (still running at their elapsed time) of each class
+they belong to, so a class's Kaplan-Meier curve is not biased toward the short durations that finish first.
+
+``DurationStore.evaluate`` turns the live trajectories of one state into per-trajectory probabilities with a few
+numpy passes: class resolution by look-up tables over interned ids, one bincount for the live censoring, one small
+table per used class (grid.py), one gather. Memory is bounded: at most ``MAX_CLASSES`` classes per store, each with
+at most ``history`` completed and ``history`` censored durations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from sglang_prorsa.srt.forecast.grid import GridCurve, MAX_GRID_POINTS, censor_bins, chain_tables, event_bins
+
+MAX_CLASSES = 4096
+Key = tuple  # (level, *interned ids)
+
+
+class DurationClass:
+    """Recent durations of one class: completed and censored (aborted), each with its start time.
+
+    Two estimates come out of it (``curve``). The *cohort*: every operation that started after the latest start
+    among the evicted entries. Its completions are all still in the history and its running members are the live
+    ones, so the product limit over them (running ones censored at their elapsed time) is unbiased, in a transient
+    (a step that just started, where only the short operations have finished) as in steady state; it covers ages up
+    to now - that start. Beyond that age, the *complete sample* of retained completions takes over (a sample of
+    recent completions has the duration distribution in steady state; running items must not be added to it, they
+    would count the long durations twice)."""
+
+    __slots__ = ("completed", "starts", "censored", "censored_starts", "evicted_start", "_sum", "_hist")
+
+    def __init__(self, history: int) -> None:
+        self.completed: deque[float] = deque(maxlen=history)
+        self.starts: deque[float] = deque(maxlen=history)
+        self.censored: deque[float] = deque(maxlen=history)
+        self.censored_starts: deque[float] = deque(maxlen=history)
+        self.evicted_start = -math.inf  # the cohort is what started after this
+        self._sum = 0.0
+        self._hist: tuple | None = None  # (dt, histograms), rebuilt when dirty
+
+    def record(self, duration: float, completed: bool, end: float = 0.0) -> None:
+        values, starts = (self.completed, self.starts) if completed else (self.censored, self.censored_starts)
+        if len(values) == values.maxlen:
+            self.evicted_start = max(self.evicted_start, starts[0])
+            if completed:
+                self._sum -= values[0]
+        values.append(duration)
+        starts.append(end - duration)
+        if completed:
+            self._sum += duration
+        self._hist = None
+
+    @property
+    def count(self) -> int:
+        return len(self.completed)
+
+    @property
+    def mean(self) -> float:
+        return self._sum / len(self.completed) if self.completed else 0.0
+
+    def histograms(self, dt: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(cohort completions, cohort censored, all completions, all censored) per grid point."""
+        if self._hist is None or self._hist[0] != dt:
+            done = np.fromiter(self.completed, np.float64, len(self.completed))
+            cens = np.fromiter(self.censored, np.float64, len(self.censored))
+            in_done = np.fromiter(self.starts, np.float64, len(self.starts)) > self.evicted_start
+            in_cens = np.fromiter(self.censored_starts, np.float64, len(self.censored_starts)) > self.evicted_start
+            hist = lambda x, bins: np.bincount(bins(x, dt), minlength=1).astype(np.float64)  # noqa: E731
+            self._hist = (dt, hist(done[in_done], event_bins), hist(cens[in_cens], censor_bins),
+                          hist(done, event_bins), hist(cens, censor_bins))
+        return self._hist[1:]
+
+
+def _add(a: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    if b is None or not b.size:
+        return a
+    out = np.zeros(max(a.size, b.size))
+    out[: a.size] += a
+    out[: b.size] += b
+    return out
+
+
+class DurationStore:
+    def __init__(self, name: str, levels: Sequence[tuple[str, ...]], prior_s: float, *, history: int = 2048,
+                 min_samples: int = 32, prior_of: Callable[[Key], float | None] | None = None) -> None:
+        self.name = name
+        self.levels = tuple(tuple(lv) for lv in levels)
+        self.prior_s = float(prior_s)
+        self.history = int(history)
+        self.min_samples = int(min_samples)
+        self._prior_of = prior_of
+        self.classes: dict[Key, DurationClass] = {}
+
+    # ----- recording (event path, O(levels)) -----
+    def keys(self, ids: Mapping[str, int]) -> list[Key]:
+        return [(i, *(ids[c] for c in lv)) for i, lv in enumerate(self.levels)]
+
+    def record(self, ids: Mapping[str, int], duration: float, completed: bool = True, end: float = 0.0) -> None:
+        """One finished (``completed``) or cut-short operation of ``duration`` seconds that ended at ``end``."""
+        duration = max(0.0, float(duration))
+        end = float(end)
+        classes = self.classes
+        for i, lv in enumerate(self.levels):
+            key = (i,) if not lv else (i, ids[lv[0]]) if len(lv) == 1 else (i, *[ids[c] for c in lv])
+            cls = classes.get(key)
+            if cls is None:
+                if len(classes) >= MAX_CLASSES and lv:
+                    continue  # full: the coarser classes still learn
+                cls = classes[key] = DurationClass(self.history)
+            cls.record(duration, completed, end)
+
+    def prior(self, key: Key) -> float:
+        value = self._prior_of(key) if self._prior_of else None
+        return self.prior_s if value is None else float(value)
+
+    def tail_mean(self, key: Key) -> float:
+        cls = self.classes.get(key)
+        return cls.mean if cls is not None and cls.count else self.prior(key)
+
+    def resolve_one(self, ids: Mapping[str, int]) -> Key:
+        """The class one trajectory uses (for diagnostics and tests)."""
+        keys = self.keys(ids)
+        for key in keys:
+            cls = self.classes.get(key)
+            if cls is not None and cls.count >= self.min_samples:
+                return key
+        for key in keys:
+            cls = self.classes.get(key)
+            if cls is not None and cls.count:
+                return key
+        return keys[-1]
+
+    def curve(self, key: Key, dt: float, live_censored: np.ndarray | None = None, now: float | None = None) -> GridCurve:
+        """The class's survival curve. With ``now`` and the live items' elapsed-time histogram: the cohort estimate
+        (live items censored) up to the cohort's age, the complete sample beyond; without: the complete sample."""
+        cls = self.classes.get(key)
+        if cls is None or not cls.count:
+            return GridCurve(np.zeros(1), np.zeros(1), dt, self.prior(key))
+        ev_c, ce_c, ev_all, ce_all = cls.histograms(dt)
+        if now is None:
+            return GridCurve(ev_all, ce_all, dt, cls.mean)
+        age = now - cls.evicted_start
+        if not math.isfinite(age):  # nothing evicted: the history holds every completion, the cohort is everything
+            return GridCurve(ev_c, _add(ce_c, live_censored), dt, cls.mean)
+        splice = int(max(0.0, age) / dt)
+        live = None if live_censored is None else live_censored[: splice + 1]
+        return GridCurve(ev_c, _add(ce_c, live), dt, cls.mean, late_events=ev_all, late_censored=ce_all,
+                         splice_at=splice)
+
+    # ----- refresh (vectorised over the live trajectories of one state) -----
+    def resolve(self, ids: Mapping[str, np.ndarray], radix: Mapping[str, int], n: int | None = None,
+                ) -> tuple[np.ndarray, list[Key], "Resolution"]:
+        """Per live item: index into the returned list of used class keys (and the look-up tables behind it).
+
+        Every level's columns are among the finest level's, so the resolution is a function of the finest class:
+        it is built once over the finest class space (small: tasks x tools) and applied with one gather."""
+        if n is None:
+            n = next(iter(ids.values())).size if ids else 0
+        fine = self.levels[0]
+        space = math.prod(radix[c] for c in fine)
+        if len(fine) == 1:  # one column: its value is the code
+            code = np.asarray(ids[fine[0]], np.int64)
+        else:
+            code = np.zeros(n, np.int64)
+            for c in fine:
+                code = code * radix[c] + ids[c]
+        # each column's value, then each level's code, over the finest class space
+        values, stride = {}, 1
+        for c in reversed(fine):
+            values[c] = (np.arange(space) // stride) % radix[c]
+            stride *= radix[c]
+        level_codes = []
+        for lv in self.levels:
+            lc = np.zeros(space, np.int64)
+            for c in lv:
+                lc = lc * radix[c] + values[c]
+            level_codes.append(lc)
+        index_of: dict[Key, int] = {}
+        lut = np.full(space, -1, np.int64)
+        for min_count in (self.min_samples, 1):
+            for level, lv in enumerate(self.levels):
+                width = math.prod(radix[c] for c in lv)
+                classes = np.full(width, -1, np.int64)
+                for key, cls in self.classes.items():
+                    if key[0] == level and cls.count >= min_count:
+                        kc = _encode(lv, key[1:], radix)
+                        if kc < width:
+                            classes[kc] = index_of.setdefault(key, len(index_of))
+                lut = np.where(lut < 0, classes[level_codes[level]], lut)
+        last = len(self.levels) - 1
+        if (lut < 0).any():  # no data at any level: the coarsest class's prior
+            lv = self.levels[last]
+            for lc in np.unique(level_codes[last][lut < 0]).tolist():
+                key = (last, *_decode(lv, lc, radix))
+                lut[(lut < 0) & (level_codes[last] == lc)] = index_of.setdefault(key, len(index_of))
+        return lut[code], list(index_of), Resolution(code, level_codes)
+
+    def fit(self, ids: Mapping[str, np.ndarray], radix: Mapping[str, int], elapsed: np.ndarray, dt: float,
+            now: float | None) -> "Fitted":
+        """Resolve each live item's class and build the used classes' curves, every item of the phase censored at
+        its elapsed time (``now`` None: complete-sample curves, no censoring)."""
+        res, used, resolution = self.resolve(ids, radix, elapsed.size)
+        live = self._live_censoring(used, res, resolution, censor_bins(elapsed, dt), radix) if now is not None else {}
+        curves = [self.curve(key, dt, live.get(j), now) for j, key in enumerate(used)]
+        return Fitted(self, res, used, curves, dt)
+
+    def evaluate(self, ids: Mapping[str, np.ndarray], radix: Mapping[str, int], elapsed: np.ndarray, dt: float,
+                 horizons: Sequence[float], then: Callable[[Key], np.ndarray | None] | None = None,
+                 now: float | None = None, also: tuple[Mapping[str, np.ndarray], np.ndarray] | None = None,
+                 ) -> list[np.ndarray]:
+        """q_i = P(A - e_i + B < h | A > e_i) for each horizon h, per live trajectory i (see grid.py).
+
+        ``then(key)`` gives the CDF on the grid of the phases that follow A for trajectories of class ``key``
+        (None: the arrival is A's end). ``also`` = (ids, elapsed) of further items still running in this phase
+        (in a later state of the same phase): censored like the others, not evaluated."""
+        n = elapsed.size
+        if n == 0:
+            return [np.zeros(0) for _ in horizons]
+        if also is not None and also[1].size:
+            ids = {c: np.concatenate((ids[c], also[0][c])) for c in self.levels[0]}
+            all_elapsed = np.concatenate((elapsed, also[1]))
+        else:
+            all_elapsed = elapsed
+        fitted = self.fit(ids, radix, all_elapsed, dt, now)
+        return fitted.probabilities(fitted.res[:n], elapsed, horizons, then)
+
+    def _live_censoring(self, used: list[Key], res: np.ndarray, resolution: "Resolution", ebins: np.ndarray,
+                        radix: Mapping[str, int]) -> dict[int, np.ndarray]:
+        """Per used class: histogram of the elapsed times of the live items that belong to it (at its level)."""
+        out: dict[int, np.ndarray] = {}
+        if not ebins.size:
+            return out
+        width = int(min(MAX_GRID_POINTS, ebins.max() + 1))
+        for level, lv in enumerate(self.levels):
+            members = [(j, key) for j, key in enumerate(used) if key[0] == level]
+            if not members:
+                continue
+            space = math.prod(radix[c] for c in lv)
+            rows_of = np.full(space, len(members), np.int64)  # the extra row collects items of unused classes
+            for row, (j, key) in enumerate(members):
+                kc = _encode(lv, key[1:], radix)
+                if kc < space:
+                    rows_of[kc] = row
+            rows = rows_of[resolution.level_codes[level]][resolution.code]
+            flat = np.bincount(rows * width + ebins, minlength=(len(members) + 1) * width)
+            for row, (j, _) in enumerate(members):
+                out[j] = flat[row * width:(row + 1) * width].astype(np.float64)
+        return out
+
+
+@dataclass(frozen=True)
+class Resolution:
+    code: np.ndarray  # per item: its finest class code
+    level_codes: list  # per level: the level's class code of every finest class code
+
+
+def _encode(columns: tuple, values, radix: Mapping[str, int]) -> int:
+    code = 0
+    for c, v in zip(columns, values):
+        code = code * radix[c] + v
+    return code
+
+
+def _decode(columns: tuple, code: int, radix: Mapping[str, int]) -> list[int]:
+    out = []
+    for c in reversed(columns):
+        out.append(code % radix[c])
+        code //= radix[c]
+    return out[::-1]
+
+
+class Fitted:
+    """A store's curves for one refresh: per used class, fitted with the live items' censoring."""
+
+    def __init__(self, store: DurationStore, res: np.ndarray, used: list[Key], curves: list[GridCurve], dt: float):
+        self.store, self.res, self.used, self.curves, self.dt = store, res, used, curves, dt
+        self._index = {key: j for j, key in enumerate(used)}
+
+    def curve(self, key: Key) -> GridCurve:
+        j = self._index.get(key)
+        return self.curves[j] if j is not None else self.store.curve(key, self.dt)
+
+    def probabilities(self, res: np.ndarray, elapsed: np.ndarray, horizons: Sequence[float],
+                      then: Callable[[Key], np.ndarray | None] | None) -> list[np.ndarray]:
+        dt = self.dt
+        short, long, offset, last = [[] for _ in horizons], [[] for _ in horizons], [], []
+        base = 0
+        for key, curve in zip(self.used, self.curves):
+            cdf = then(key) if then is not None else None
+            tables = chain_tables(curve, horizons, cdf)
+            for t, table in enumerate(tables):
+                short[t].append(table.q_short)
+                long[t].append(table.q_long)
+            offset.append(base)
+            last.append(tables[0].last)
+            base += tables[0].q_short.size
+        # position on the grid: the elapsed time's grid point b (the tail entry beyond the data) and the fraction
+        # of a step past it; off the grid the window covers (frac + 0.5) of point b + H (see ChainTable.lookup)
+        x = elapsed * (1.0 / dt) + 1e-9  # elapsed >= 0
+        b = x.astype(np.int64)  # floor: x >= 0
+        frac = x - b - 1e-9
+        w = np.where(frac > 1e-9, np.minimum(frac + 0.5, 1.0), 0.0)
+        if len(self.used) == 1:  # the common case: one class, no per-item class look-ups
+            k = np.minimum(b, last[0])
+        else:
+            k = np.minimum(b, np.asarray(last)[res]) + np.asarray(offset)[res]
+        out = []
+        for t in range(len(horizons)):
+            qs = short[t][0] if len(short[t]) == 1 else np.concatenate(short[t])
+            ql = long[t][0] if len(long[t]) == 1 else np.concatenate(long[t])
+            lo = qs[k]
+            out.append(lo + w * (ql[k] - lo))
+        return out

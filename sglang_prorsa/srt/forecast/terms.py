@@ -1,0 +1,219 @@
+"""Predicted prefill arrivals per source, vectorised over the tracker's columns (paper B.2, B.3, B.5; issue 10).
+
+Each live trajectory i contributes q_i * x_i: q_i the probability that its next request joins the ready queue
+within the horizon, conditioned on the time e_i it has spent in its current state (censored survival curves,
+stores.py / grid.py), x_i that request's estimated full prompt length. Evaluated twice per refresh: over S (the
+prefill forecast) and over the admission horizon h* (predicted arrivals whose prefill also ends within S: the
+decode forecast, admissions.py). x_i: the trainer's estimate if it sent one, else the last prompt plus the mean
+growth per turn (per task and tool when the tool is known), else a new sample's mean first prompt.
+
+Per state (what follows the paper and what goes beyond it):
+
+=================  =============================================================================================
+sampled            launch delay (sample -> first request), all startup modes. B.2's d_hat as a distribution.
+sandbox_starting   B.3 Eq. 6-7, per (task, mode) -> mode: sandbox_start -> first request; when the trainer reports
+                   sandbox_ready, the startup (start -> ready) conditioned, then ready -> first request.
+sandbox_ready      sandbox_ready -> first request (beyond: the first cut counted these in full).
+tool               per (task, tool) -> task -> all: tool_start -> next request; when the trainer reports tool_end,
+                   the tool (start -> end, B.5's tau as a distribution) conditioned, then end -> next request.
+                   Replaces B.5's EMA test r_i < S, which counted a tool that had outlived its mean in every window.
+tool_done          tool_end -> next request (beyond).
+decode, decoded    decode-return (beyond the one-step assumption): remaining decode, then decode_end -> next
+                   request, times P(this response calls a tool | task, turn).
+ready, prefill     the same chain after the request's own prefill (its predicted end from the queue model).
+interrupted        abort -> resend (beyond; issue 13).
+reward             the sampler (B.2) and the sync launch model: samples.py.
+=================  =============================================================================================
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sglang_prorsa.srt.forecast.grid import GridCurve, sum_cdf
+from sglang_prorsa.srt.forecast.samples import NewSamples
+from sglang_prorsa.srt.forecast.snapshot import Snapshot, SourceSums
+from sglang_prorsa.srt.forecast.statistics import TURN_BUCKETS, LifecycleStatistics, turn_bucket
+from sglang_prorsa.srt.forecast.steps import StepModel
+from sglang_prorsa.srt.forecast.stores import DurationStore, Key
+from sglang_prorsa.srt.lifecycle.states import TrajState
+from sglang_prorsa.srt.lifecycle.tracker import Phase, TrajectoryTracker
+
+_TURN_LUT = np.array([turn_bucket(t) for t in range(128)], np.int64)
+
+
+def _task_of(store: DurationStore, key: Key) -> int | None:
+    """The task id in one of ``store``'s class keys (None for a class above tasks)."""
+    columns = store.levels[key[0]]
+    return key[1 + columns.index("task")] if "task" in columns else None
+
+
+class ArrivalTerms:
+    """Computes ``SourceSums`` per source for one snapshot; callers supply x_hat, g and kappa as vector functions."""
+
+    def __init__(self, tracker: TrajectoryTracker, stats: LifecycleStatistics, steps: StepModel, config) -> None:
+        self.tracker, self.stats, self.steps, self.config = tracker, stats, steps, config
+        self.samples = NewSamples(self)
+
+    @property
+    def launches(self) -> float:
+        return self.samples.launches
+
+    def completable(self, sl: slice):
+        return self.samples.completable(sl)
+
+    def compute(self, snap: Snapshot, horizon_s: float, admit_s: float, dt: float,
+                x_new: np.ndarray, g: Callable, kv: Callable, second_arrival_delay: np.ndarray | None,
+                second_arrival_idx: np.ndarray | None) -> dict[str, SourceSums]:
+        self.snap, self.S, self.h, self.dt = snap, horizon_s, admit_s, dt
+        self.x_new, self.g, self.kv = x_new, g, kv
+        self.samples.reset()
+        self._growth = np.array([self.stats.growth(t) for t in range(snap.radix["task"])])
+        self._growth_by_tool = None
+        self._calls_lut = None
+        st = self.stats.stores
+        out = {name: SourceSums() for name in ("sampler", "sandbox", "tool", "decode_return", "resend")}
+        S_ = TrajState
+        # Items in a later state of the same phase are still running in it: censored, not evaluated, there.
+        self._simple(out["sandbox"], S_.SAMPLED, st[Phase.LAUNCH], self._first_x,
+                     snap.running((S_.SANDBOX_STARTING, S_.SANDBOX_READY), "launched"))
+        # A state that is left through a reported intermediate hint (sandbox_ready, tool_end) is conditioned on its
+        # own dwell and chained with the rest; conditioning the whole sandbox / tool -> request delay on the elapsed
+        # time would count the mass of trajectories already past the hint (they are in the next state) twice.
+        if self.stats.mostly(self.stats.sandbox_ready_reported):
+            ready = self._rest_cdf(st[Phase.READY_WAIT], (S_.SANDBOX_READY,), None, st[Phase.SANDBOX])
+            self._simple(out["sandbox"], S_.SANDBOX_STARTING, st[Phase.SANDBOX], self._first_x, then=ready)
+        else:
+            self._simple(out["sandbox"], S_.SANDBOX_STARTING, st[Phase.STARTUP], self._first_x,
+                         snap.running((S_.SANDBOX_READY,), "sandbox"))
+        self._simple(out["sandbox"], S_.SANDBOX_READY, st[Phase.READY_WAIT], self._first_x)
+        if self.stats.mostly(self.stats.tool_end_reported):
+            after = self._rest_cdf(st[Phase.POST_TOOL], (S_.TOOL_DONE,), None, st[Phase.TOOL])
+            self._simple(out["tool"], S_.TOOL, st[Phase.TOOL], self._tool_x, then=after)
+        else:
+            self._simple(out["tool"], S_.TOOL, st[Phase.TOOL_RETURN], self._tool_x,
+                         snap.running((S_.TOOL_DONE,), "tool_start"))
+        self._simple(out["tool"], S_.TOOL_DONE, st[Phase.POST_TOOL], self._tool_x)
+        self._decode_return(out["decode_return"], second_arrival_idx, second_arrival_delay)
+        self._simple(out["resend"], TrajState.INTERRUPTED, st[Phase.RESEND], self._same_x)
+        self.samples.add(out["sampler"])
+        for sums in out.values():
+            sums.finish(g, self.config.kv_page_size)
+        return out
+
+    # ----- prompt lengths -----
+    def _first_x(self, idx: np.ndarray) -> np.ndarray:
+        s = self.snap
+        hint = s.next_prompt[idx]
+        return np.where(hint >= 0, hint, np.where(s.prompt[idx] >= 0, s.prompt[idx], self.x_new[s.task[idx]]))
+
+    def _next_x(self, idx: np.ndarray, by_tool: bool = False) -> np.ndarray:
+        s = self.snap
+        hint = s.next_prompt[idx]
+        if by_tool:  # in a tool: the tool's typical result size is known
+            growth = self._tool_growth()[s.task[idx], np.maximum(s.tool[idx], 0)]
+        else:
+            growth = self._growth[s.task[idx]]
+        grown = s.prompt[idx] + growth
+        return np.where(hint >= 0, hint, np.where(s.prompt[idx] >= 0, grown, self.x_new[s.task[idx]]))
+
+    def _tool_x(self, idx: np.ndarray) -> np.ndarray:
+        return self._next_x(idx, by_tool=True)
+
+    def _tool_growth(self) -> np.ndarray:
+        if self._growth_by_tool is None:
+            r = self.snap.radix
+            self._growth_by_tool = np.array([[self.stats.growth(t, k) for k in range(r["tool"])] for t in range(r["task"])])
+        return self._growth_by_tool
+
+    def _same_x(self, idx: np.ndarray) -> np.ndarray:
+        s = self.snap
+        return np.where(s.prompt[idx] >= 0, s.prompt[idx], self.x_new[s.task[idx]])
+
+    def _add(self, sums: SourceSums, q_s: np.ndarray, q_h: np.ndarray, x: np.ndarray) -> None:
+        sums.add(q_s, q_h, x)
+
+    # ----- single phase (B.3 Eq. 6 form) -----
+    def _simple(self, sums: SourceSums, state: TrajState, store: DurationStore, x_of, also=None, then=None) -> None:
+        idx = self.snap.members(state)
+        if not Snapshot.count(idx):
+            return
+        q_s, q_h = store.evaluate(self.snap.ids(idx), self.snap.radix, self.snap.elapsed(idx), self.dt, (self.S, self.h),
+                                  then=then, now=self.snap.now, also=also)
+        self._add(sums, q_s, q_h, x_of(idx))
+
+    def _rest_cdf(self, store: DurationStore, states: tuple[TrajState, ...], since: np.ndarray | None,
+                  first: DurationStore):
+        """``then(key)`` for a chain after a phase of store ``first``: the CDF of ``store``'s phase for the task of
+        ``first``'s class ``key``, fitted with the trajectories of ``states`` (its running members) censored."""
+        snap = self.snap
+        idx = snap.span(*states)
+        fitted = store.fit(snap.ids(idx), snap.radix, snap.elapsed(idx, since=since), self.dt, snap.now)
+        bins = int(round(self.S / self.dt)) + 2
+        cache: dict[Key, np.ndarray] = {}
+
+        def then(key: Key) -> np.ndarray:
+            if key not in cache:
+                cache[key] = self._then_curve(fitted, store, _task_of(first, key)).cdf_from_start(bins)
+            return cache[key]
+        return then
+
+    # ----- decode-return -----
+    def _then_curve(self, fitted, store: DurationStore, task: int | None) -> GridCurve:
+        """The curve of ``store`` for ``task`` (None: all tasks)."""
+        if task is not None and len(store.levels) > 1:
+            key = store.resolve_one({c: 0 for lv in store.levels for c in lv} | {"task": task})
+        else:
+            key = (len(store.levels) - 1,)
+        return fitted.curve(key)
+
+    def _calls_tool(self, idx: np.ndarray) -> np.ndarray:
+        s = self.snap
+        if self._calls_lut is None:  # (task, turn class) -> P(calls a tool), flattened
+            radix = s.radix["task"]
+            self._calls_lut = np.array([self.stats.calls_tool_in_bucket(t, b) for t in range(radix)
+                                        for b in range(TURN_BUCKETS)])
+        buckets = _TURN_LUT[np.minimum(s.turn[idx], 127)]
+        return self._calls_lut[s.task[idx] * TURN_BUCKETS + buckets]
+
+    def _decode_return(self, sums: SourceSums, second_idx, second_delay) -> None:
+        st, snap = self.stats.stores, self.snap
+        ret, dec = st[Phase.DECODE_RETURN], st[Phase.DECODE]
+        bins = int(round(self.S / self.dt)) + 2
+        # decode_end -> next request, fitted on everything still in it: decoded, in a tool, tool done
+        decoded = snap.members(TrajState.DECODED)
+        r_ids, r_elapsed = snap.running((TrajState.DECODED, TrajState.TOOL, TrajState.TOOL_DONE), "decoded")
+        ret_fit = ret.fit(r_ids, snap.radix, r_elapsed, self.dt, snap.now)
+        cache: dict[Key, np.ndarray] = {}
+
+        def then(key: Key) -> np.ndarray:
+            if key not in cache:
+                cache[key] = self._then_curve(ret_fit, ret, _task_of(dec, key)).cdf_from_start(bins)
+            return cache[key]
+
+        # Until a decode has been timed the prior says nothing useful about short turns: one-step assumption.
+        learned = dec.classes.get((len(dec.levels) - 1,))
+        if learned is None or not learned.count:
+            second_idx = None
+        idx = self.snap.members(TrajState.DECODE) if second_idx is not None else slice(0, 0)
+        if Snapshot.count(idx):
+            q_s, q_h = dec.evaluate(self.snap.ids(idx), self.snap.radix, self.snap.elapsed(idx, engine=True),
+                                    self.dt, (self.S, self.h), then, now=self.snap.now - self.snap.engine_shift)
+            c = self._calls_tool(idx)
+            self._add(sums, c * q_s, c * q_h, self._next_x(idx))
+        if Snapshot.count(decoded):  # running() lists the decoded first (all of them: they have decoded >= 0)
+            n = Snapshot.count(decoded)
+            q_s, q_h = ret_fit.probabilities(ret_fit.res[:n], snap.elapsed(decoded), (self.S, self.h), None)
+            c = self._calls_tool(decoded)
+            self._add(sums, c * q_s, c * q_h, self._next_x(decoded))
+        if second_idx is not None and Snapshot.count(second_idx):  # queued / prefilling: prefill, decode, tool, back
+            cdf = sum_cdf([dec.curve((len(dec.levels) - 1,), self.dt), ret_fit.curve((len(ret.levels) - 1,))], bins)
+            q_s = self._cdf_before(cdf, self.S - second_delay)
+            q_h = self._cdf_before(cdf, self.h - second_delay)
+            c = self._calls_tool(second_idx)
+            self._add(sums, c * q_s, c * q_h, self._next_x(second_idx))
+
+    def _cdf_before(self, cdf: np.ndarray, room: np.ndarray) -> np.ndarray:
+        """P(duration < room) from a CDF on the grid (0 where room <= 0)."""
+        k = np.ceil(np.asarray(room) / self.dt).astype(np.int64) - 1
+        return np.where(k >= 0, cdf[np.clip(k, 0, cdf.size - 1)], 0.0)
