@@ -150,6 +150,7 @@ class QueuedItem:
     bootstrap_host: str | None
     bootstrap_port: int | None
     input_ids: tuple[int, ...] = ()
+    waited_s: float = 0.0  # how long it has been queued here (first seen by our extension)
 
 
 @dataclass

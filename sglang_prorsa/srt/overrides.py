@@ -187,14 +187,12 @@ def _wrap_generate_request() -> bool:
     return wrap_method(TokenizerManager, "generate_request", wrap_generate_request)
 
 
-def _wrap_control_methods() -> bool:
+def _wrap_control_method(name: str) -> bool:
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
-    from sglang_prorsa.srt.engine.control_guard import GUARDED, wrap_control
+    from sglang_prorsa.srt.engine.control_guard import wrap_control
 
-    for name in GUARDED:
-        wrap_method(TokenizerManager, name, wrap_control(name))
-    return True
+    return wrap_method(TokenizerManager, name, wrap_control(name))
 
 
 def _wrap_stream_one_response() -> bool:
@@ -279,15 +277,17 @@ def _register_builtin() -> None:
         ),
         apply=_wrap_stream_one_response,
     ))
-    REGISTRY.register(Override(
-        name="tokenizer_manager_control_ops_vs_switch",
-        target="sglang.srt.managers.tokenizer_manager:TokenizerManager.{update_weights_from_*, pause_generation, "
-               "continue_generation, release/resume_memory_occupation, flush_cache, *_weights_update_group}",
-        kind="wrapped methods",
-        reason=(
-            "A weight update, pause, memory release or flush must never interleave with this instance's busy switch "
-            "(issue 13): each runs under the lock the switch holds, and a pause or a memory release holds switches "
-            "until its counterpart. SGLang's methods run unchanged (srt/engine/control_guard.py)."
-        ),
-        apply=_wrap_control_methods,
-    ))
+    from sglang_prorsa.srt.engine.control_guard import GUARDED
+
+    for method in GUARDED:
+        REGISTRY.register(Override(
+            name=f"tokenizer_manager_{method}_vs_switch",
+            target=f"sglang.srt.managers.tokenizer_manager:TokenizerManager.{method}",
+            kind="wrapped method",
+            reason=(
+                f"{method} must never interleave with this instance's busy switch (issue 13): it runs under the lock "
+                "the switch holds (and a pause or a memory release holds switches until its counterpart). SGLang's "
+                "method runs unchanged (srt/engine/control_guard.py)."
+            ),
+            apply=functools.partial(_wrap_control_method, method),
+        ))

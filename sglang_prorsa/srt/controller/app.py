@@ -74,13 +74,13 @@ class Front:
 def build_app(front: Front) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        front.control_plane.start()  # the forecast refreshes in its own thread, never on this event loop
         front.loop.start()
-        ticker = asyncio.create_task(_refresh_forecast(front.control_plane))
         await front.orchestrator.push_peers()
         await front.orchestrator.sync_router()
         yield
-        ticker.cancel()
         await front.loop.stop()
+        front.control_plane.stop()
         await front.relay.close()
         await front.http.close()
 
@@ -230,13 +230,3 @@ def _front_metrics(front: Front) -> str:
                   f"prorsa_instance_inflight_requests{{{lab}}} {inst.inflight}",
                   f"prorsa_instance_kv_footprint_tokens{{{lab}}} {inst.kv_footprint_tokens}"]
     return "\n".join(lines) + "\n"
-
-
-async def _refresh_forecast(control_plane: LifecycleControlPlane, interval_s: float = 0.25) -> None:
-    """Close forecast windows on time, in a worker thread (never on the serving event loop)."""
-    while True:
-        await asyncio.sleep(interval_s)
-        try:
-            await asyncio.to_thread(control_plane.tick)
-        except Exception:
-            logger.exception("lifecycle tick failed")

@@ -113,14 +113,14 @@ class ControlOps:
         engine = self.front.control_plane.engine
         try:
             payload = _json(body) or {}
-            if op.lifecycle == "pause" and hasattr(engine, "generation_paused"):
+            if op.lifecycle == "pause":
                 engine.generation_paused(str(payload.get("mode", "abort")))
-            elif op.lifecycle == "continue" and hasattr(engine, "generation_continued"):
+            elif op.lifecycle == "continue":
                 engine.generation_continued()
-            elif op.lifecycle == "abort" and payload.get("abort_all") and hasattr(engine, "requests_aborted"):
+            elif op.lifecycle == "abort" and payload.get("abort_all"):
                 engine.requests_aborted(None)
-            elif op.lifecycle == "weights" and hasattr(engine, "weights_updated"):
-                engine.weights_updated(str(payload.get("weight_version") or ""))
+            elif op.lifecycle == "weights":
+                engine.weights_updated(payload.get("weight_version"))
         except Exception:  # the tracker's view is best effort; the operation itself succeeded
             logger.exception("lifecycle event for %s not recorded", op.path)
 

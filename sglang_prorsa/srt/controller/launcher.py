@@ -42,6 +42,21 @@ def instance_specs(config: ProrsaConfig, sglang_argv: list[str], log_dir: Path) 
     return specs
 
 
+def wait_all_ready(started: list) -> None:
+    """Wait for every instance; if this process is told to stop meanwhile, stop them first (their waits then end at
+    once instead of running to their timeout)."""
+    ex = ThreadPoolExecutor(len(started))
+    try:
+        for srv, took in zip(started, ex.map(lambda s: s.wait_ready(timeout=READY_TIMEOUT_S), started)):
+            logger.info("%s ready after %.1f s", srv.name, took)
+    except BaseException:
+        for srv in started:
+            srv.stop(grace_s=1.0)
+        raise
+    finally:
+        ex.shutdown(wait=False, cancel_futures=True)
+
+
 def run_front(config: ProrsaConfig, sglang_argv: list[str], host: str, port: int, keys: AuthKeys = AuthKeys()) -> None:
     import uvicorn
 
@@ -75,9 +90,7 @@ def run_front(config: ProrsaConfig, sglang_argv: list[str], host: str, port: int
                                   pid=srv.pid))
         if started:
             logger.info("starting %d instances (logs in %s)", len(started), log_dir)
-            with ThreadPoolExecutor(len(started)) as ex:
-                for srv, took in zip(started, ex.map(lambda s: s.wait_ready(timeout=READY_TIMEOUT_S), started)):
-                    logger.info("%s ready after %.1f s", srv.name, took)
+            wait_all_ready(started)
         for inst in registry:
             registry.set_state(inst, State.ACTIVE)
         front = Front(config, registry, processes={s.instance_id: srv for s, srv in zip(specs, started)},

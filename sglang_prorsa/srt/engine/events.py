@@ -50,8 +50,11 @@ class EngineEvents:
     def prefilled(self, tid: str, prefill_instance: str) -> None:
         self._add({"trajectory_id": tid, "event": "prefill_end", "instance": prefill_instance})
 
-    def decoded(self, tid: str) -> None:
-        self._add({"trajectory_id": tid, "event": "decode_end"})
+    def decoded(self, tid: str, output_tokens: int | None = None) -> None:
+        event = {"trajectory_id": tid, "event": "decode_end"}
+        if output_tokens is not None:
+            event["output_tokens"] = int(output_tokens)
+        self._add(event)
 
     async def _flush_loop(self) -> None:
         while True:

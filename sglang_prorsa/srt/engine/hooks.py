@@ -120,6 +120,7 @@ def wrap_stream_one_response(original):
         if tid:
             side.events.arrived(tid, _prompt_tokens(self, obj), _prefill_of(side, obj))
         ids = text = 0  # what the caller has received so far (streaming)
+        incremental = bool(obj.stream) and bool(self.incremental_streaming_output)
         first = True
         try:
             async for out in original(self, obj, state, request):
@@ -128,16 +129,17 @@ def wrap_stream_one_response(original):
                     if record is not None:
                         async for resumed in side.resume(obj, state, record, out, (ids, text),
                                                          forwarded_headers(request)):
+                            ids, text = _delivered(resumed, ids, text, incremental)
                             yield resumed
                         if tid:
-                            side.events.decoded(tid)
+                            side.events.decoded(tid, ids)
                         return
                     if _ours(out):
                         logger.error("request %s was taken off without a record; answering its abort", obj.rid)
                 if first and tid:
                     side.events.prefilled(tid, _prefill_of(side, obj))
                     first = False
-                ids, text = _delivered(out, ids, text, bool(self.incremental_streaming_output))
+                ids, text = _delivered(out, ids, text, incremental)
                 yield out
         except Exception as e:  # SGLang raises for aborts that carry an HTTP status (a failed KV transfer, ...)
             if not _is_abort_exception(e):
@@ -146,9 +148,10 @@ def wrap_stream_one_response(original):
             if record is None:
                 raise
             async for resumed in side.resume(obj, state, record, None, (ids, text), forwarded_headers(request)):
+                ids, text = _delivered(resumed, ids, text, incremental)
                 yield resumed
         if tid:
-            side.events.decoded(tid)
+            side.events.decoded(tid, ids)
 
     return _stream_one_response
 
@@ -160,6 +163,7 @@ def _is_abort_exception(e: BaseException) -> bool:
 
 
 def _delivered(out: dict, ids: int, text: int, incremental: bool) -> tuple[int, int]:
+    """(output ids, text characters) the caller has after ``out``: summed for incremental streams, else the last."""
     n_ids, n_text = len(out.get("output_ids") or []), len(out.get("text") or "")
     return (ids + n_ids, text + n_text) if incremental else (n_ids, n_text)
 

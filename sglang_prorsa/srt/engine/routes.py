@@ -7,6 +7,7 @@
                                                          off (a prefill instance may keep those it began)
     POST /prorsa/expect {"rooms": [int]}                 the other halves are about to move: book records for ours
     POST /prorsa/peer_lost {"bootstrap_host", "bootstrap_port"}   a prefill instance died: continue what waited on it
+    POST /prorsa/held_rooms {"rooms": [int]}             which of these PD rooms this instance still holds
     POST /prorsa/kv/load {"token_ids", "keys", "block_tokens", "hold_for_rid"?}   load a persisted prefix
     POST /prorsa/peers {"instances": [...], "version"?}  the controller's registry, for continuing requests
     GET  /prorsa/status                                  role, idle, loads, KV, counters, busy intervals, engine state
@@ -24,9 +25,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sglang_prorsa.srt.auth import admin
+from sglang_prorsa.srt.disaggregation.kv_store import check_key
 from sglang_prorsa.srt.engine.peers import Peer
 from sglang_prorsa.srt.engine.side import EngineSide
 from sglang_prorsa.srt.engine.switch import SwitchFailed, SwitchJob
+from sglang_prorsa.srt.engine.watchdog import held_rooms
 from sglang_prorsa.srt.entrypoints.http_utils import coded_error, field_error, json_object
 from sglang_prorsa.srt.messages import ChannelError, Code, LoadPrefix, PeerLost, Status
 from sglang_prorsa.srt.scheduler.counters import prometheus_text
@@ -34,6 +37,14 @@ from sglang_prorsa.srt.scheduler.counters import prometheus_text
 logger = logging.getLogger(__name__)
 
 ROLES = ("prefill", "decode")
+
+
+def _store_key(k: Any) -> bool:
+    try:
+        check_key(k)
+        return True
+    except ValueError:
+        return False
 
 
 def _non_negative_int(v: Any) -> bool:
@@ -134,6 +145,17 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
         side.counters["released_for_lost_prefill"] += len(res.rids)
         return JSONResponse({"released": res.rids})
 
+    @router.post("/prorsa/held_rooms")
+    @admin
+    async def held(request: Request):
+        body = await json_object(request)
+        if isinstance(body, JSONResponse):
+            return body
+        rooms = body.get("rooms")
+        if not isinstance(rooms, list) or not all(_non_negative_int(r) for r in rooms):
+            return field_error("rooms", "must be a list of non-negative integers (bootstrap rooms)")
+        return JSONResponse({"held": held_rooms(side.tm, set(rooms))})
+
     @router.post("/prorsa/expect")
     @admin
     async def expect(request: Request):
@@ -155,8 +177,8 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
         hold = body.get("hold_for_rid", "")
         if not isinstance(ids, list) or not all(_non_negative_int(t) for t in ids):
             return field_error("token_ids", "must be a list of non-negative integers")
-        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-            return field_error("keys", "must be a list of strings")
+        if not isinstance(keys, list) or not all(_store_key(k) for k in keys):
+            return field_error("keys", "must be a list of KV store keys (1-200 chars of [A-Za-z0-9._:-])")
         if not isinstance(bt, int) or isinstance(bt, bool) or bt <= 0:
             return field_error("block_tokens", "must be a positive integer")
         if len(keys) < -(-len(ids) // bt):

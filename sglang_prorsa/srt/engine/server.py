@@ -67,6 +67,9 @@ def run_instance(spec: InstanceSpec) -> None:
 
     apply_overrides()
     server_args = server_args_for(spec)
+    # SGLang sets the root level from --log-level; our switch and resume events stay visible at INFO (a few lines
+    # per switch, none per request).
+    logging.getLogger("sglang_prorsa").setLevel(logging.INFO)
     addresses = ChannelAddresses.fresh()
     runtime = SchedulerRuntime(instance_id=spec.instance_id, channel=addresses,
                                kv_store=kv_store_config(spec.prorsa))
@@ -92,6 +95,7 @@ def run_instance(spec: InstanceSpec) -> None:
         from sglang_prorsa.srt.lifecycle.control_plane import LifecycleControlPlane
 
         control_plane = LifecycleControlPlane()
+        control_plane.start()  # refreshed in its own thread (a daemon: it ends with the server)
         app.include_router(make_router(control_plane))
         side.events.local = lambda events: control_plane.ingest_payload({"events": events})
         mark_admin_routes(app, {("POST", "/lifecycle/config")})

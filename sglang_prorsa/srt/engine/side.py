@@ -62,11 +62,16 @@ class EngineSide:
         self.last_switch: dict[str, Any] | None = None
         self.counters: collections.Counter[str] = collections.Counter()
         self.resuming = 0
+        self.orphan_suspects: set[int] = set()  # rooms the last orphan check found unheld (watchdog.py)
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        self.channel.attach(asyncio.get_running_loop(), self.book.put)
+        from sglang_prorsa.srt.engine.watchdog import watch_orphans
+
+        loop = asyncio.get_running_loop()
+        self.channel.attach(loop, self.book.put)
         self.events.start()
+        self._watchdog = loop.create_task(watch_orphans(self))
 
     @property
     def role(self) -> str:

@@ -107,6 +107,9 @@ class SwitchJob:
             released = await side.release_decode_halves(res.rooms)
         for peer, rs in released.items():
             self.released.setdefault(peer, []).extend(rs)
+        logger.info("switch sweep %d (%s): %d with KV, %d queued (rooms %s); released elsewhere %s; taken off %d %s",
+                    self.sweeps, inv.role, len(inv.with_kv), len(inv.queued), rooms, released, len(res.rids),
+                    res.rooms)
         self.taken += res.rids
         self.persisted_bytes += res.persisted_bytes
         return res.persist_s

@@ -49,6 +49,8 @@ INLINE_BODY_BYTES = 16 * 1024  # smaller bodies (a few dozen events) are applied
 
 
 def _error(status: int, message: str, *, index: int | None = None, field: str | None = None) -> JSONResponse:
+    if field is None:  # the whole event (not one of its fields) or the whole body is what is wrong
+        field = "body" if index is None else "events"
     return JSONResponse({"error": message, "index": index, "field": field}, status_code=status)
 
 

@@ -61,6 +61,10 @@ class LifecycleControlPlane:
         self._lock = threading.Lock()
         self._current: Forecast | None = None  # computed by the refresher
         self._current_at = 0.0  # the clock's time of _current
+        # Bumped by every applied event: a cached forecast is served only if no event arrived since it was computed,
+        # so a caller reads its own writes (the fresh one is then computed off the event loop by the route).
+        self._applied_version = 0
+        self._current_version = -1
         self._stop: threading.Event | None = None
         self._thread: threading.Thread | None = None
         self._interval_s = REFRESH_INTERVAL_S
@@ -96,6 +100,8 @@ class LifecycleControlPlane:
                     rejections.append({"index": index, "trajectory_id": event.trajectory_id,
                                        "event": event.kind.value, "state": state, "reason": outcome.value})
             rejected = len(events) - applied - duplicates
+            if applied:
+                self._applied_version += 1
             return IngestResult(len(events), applied, duplicates, rejected, rejections)
 
     def configure(self, payload: Any) -> PredictorConfig:
@@ -124,9 +130,10 @@ class LifecycleControlPlane:
             return self._compute(now if at is None else float(at))
 
     def cached_forecast(self) -> Forecast | None:
-        """The refresher's latest forecast if it is at most two refresh intervals old, else None (cheap)."""
+        """The refresher's latest forecast if it is at most two refresh intervals old and no event was applied since,
+        else None (cheap)."""
         current = self._current
-        if current is None or self._thread is None:
+        if current is None or self._thread is None or self._current_version != self._applied_version:
             return None
         if self.clock.now() - self._current_at > 2 * self._interval_s + 5 * self.refresh_ms / 1e3:
             return None
@@ -167,7 +174,7 @@ class LifecycleControlPlane:
             now = self.clock.now()
             self.predictor.maybe_refresh(now)
             forecast = self._compute(now)
-            self._current, self._current_at = forecast, now
+            self._current, self._current_at, self._current_version = forecast, now, self._applied_version
             return forecast
 
     def _run(self, stop: threading.Event) -> None:

@@ -38,6 +38,7 @@ MAX_TASKS = 256  # distinct task names kept apart; more share one class (memory 
 MAX_TOOLS = 1024
 MAX_INSTANCES = 4096
 _MODE_CODES = {None: -1, SandboxMode.PREWARM: 0, SandboxMode.COLD: 1}
+_IMPLIED_BY_REQUEST = frozenset({EventKind.TOOL_END, EventKind.SANDBOX_READY})
 
 
 
@@ -159,6 +160,10 @@ class TrajectoryTracker:
             self._enter(traj, target, event, ts, previous=None)
             return self._count(event, None, Outcome.APPLIED)
         if traj.state is target and traj.last_kind is event.kind:
+            return self._count(event, traj.state, Outcome.DUPLICATE)
+        if event.kind in _IMPLIED_BY_REQUEST and traj.state in ENGINE_STATES:
+            # The engine's request_arrived already implied this hint (the trainer's and the engine's channels race):
+            # a late copy of something that happened, not a protocol error.
             return self._count(event, traj.state, Outcome.DUPLICATE)
         if traj.state not in sources:
             return self._count(event, traj.state, Outcome.INVALID_TRANSITION)

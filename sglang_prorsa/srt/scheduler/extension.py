@@ -126,6 +126,7 @@ class SchedulerSide:
         self.kv = KVSide(scheduler, runtime.kv_store, self.counters)
         self.released: dict[int, float] = {}  # bootstrap room -> expiry (monotonic)
         self.lost: dict[tuple[str, int], float] = {}  # a dead prefill's bootstrap address -> expiry
+        self.first_seen: dict[str, float] = {}  # rid -> when a queued request was first seen (bounded by the queues)
 
     # -- loop ---------------------------------------------------------------------------------------------------
     def role(self) -> str:
@@ -160,6 +161,7 @@ class SchedulerSide:
             return self.forget_prefill(msg)
         if isinstance(msg, PeerLost):
             return self.peer_lost(msg)
+
         raise TypeError(f"unknown prorsa control message {type(msg).__name__}")
 
     # -- what is here ---------------------------------------------------------------------------------------------
@@ -198,10 +200,14 @@ class SchedulerSide:
     def inventory(self) -> InventoryResult:
         if self.role() == "decode":
             with_kv = [r.rid for r in self._running()] + [r.rid for r in self.s.waiting_queue]
-            queued = [_queued(item.req) for item in self._decode_queue_items()]
+            reqs = [item.req for item in self._decode_queue_items()]
         else:
             with_kv = sorted(self._known_rids()[1])
-            queued = [_queued(r) for r in self._prefill_not_started()]
+            reqs = self._prefill_not_started()
+        now = time.monotonic()
+        seen = {r.rid: self.first_seen.get(r.rid, now) for r in reqs}
+        self.first_seen = seen  # only what is queued now: bounded
+        queued = [_queued(r, now - seen[r.rid]) for r in reqs]
         return InventoryResult(role=self.role(), with_kv=with_kv, queued=queued)
 
     def status(self, since: int = -1) -> StatusResult:
@@ -265,6 +271,8 @@ class SchedulerSide:
 
     def release(self, msg: ReleaseRooms) -> ReleaseResult:
         rids, rooms = self._release_matching(set(msg.rooms), msg.only_not_started)
+        logger.info("prorsa: release of rooms %s (only not started: %s) took %s", sorted(msg.rooms),
+                    msg.only_not_started, rooms)
         # Remember what was released (everything, unless the caller let started prefills stay) for late arrivals.
         expiry = time.monotonic() + msg.ttl_s
         for room in (rooms if msg.only_not_started else msg.rooms):
@@ -364,9 +372,9 @@ class _NoOutput:
         self.output_ids: list[int] = []
 
 
-def _queued(req: Any) -> QueuedItem:
+def _queued(req: Any, waited_s: float = 0.0) -> QueuedItem:
     return QueuedItem(rid=req.rid, bootstrap_room=req.bootstrap_room, bootstrap_host=req.bootstrap_host,
-                      bootstrap_port=req.bootstrap_port, input_ids=tuple(req.origin_input_ids))
+                      bootstrap_port=req.bootstrap_port, input_ids=tuple(req.origin_input_ids), waited_s=waited_s)
 
 
 def _unique(reqs: list[Any]) -> list[Any]:

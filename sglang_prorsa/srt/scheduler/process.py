@@ -8,6 +8,8 @@ pickled with the entry, never through environment variables.
 
 from __future__ import annotations
 
+import logging
+
 from sglang_prorsa.srt.scheduler.extension import SchedulerRuntime
 
 
@@ -17,6 +19,7 @@ def run_scheduler_process(runtime: SchedulerRuntime, *args, **kwargs):
 
     apply_overrides()
     extension.RUNTIME = runtime
+    logging.getLogger("sglang_prorsa").setLevel(logging.INFO)
     from sglang.srt.managers.scheduler import run_scheduler_process as sglang_run_scheduler_process
 
     return sglang_run_scheduler_process(*args, **kwargs)

@@ -160,3 +160,18 @@ def test_abort_during_reward_is_censored_and_load_buckets():
     tr.apply(ev("a", K.ABORTED, 4))
     assert rec.calls == [("reward_aborted", "m", 4.0)]
     assert [load_bucket(n) for n in (0, 1, 3, 4, 15, 16, 64)] == [0, 1, 1, 2, 2, 3, 4]
+
+
+def test_a_late_tool_end_after_the_next_request_is_an_implied_duplicate_not_an_error():
+    """The trainer's tool_end and the engine's request_arrived race: the request implies the tool ended."""
+    from sglang_prorsa.srt.lifecycle.events import EventKind, LifecycleEvent
+    from sglang_prorsa.srt.lifecycle.observers import Outcome
+    from sglang_prorsa.srt.lifecycle.tracker import TrajectoryTracker
+
+    tr = TrajectoryTracker()
+    for i, (kind, extra) in enumerate([(EventKind.SAMPLED, {}), (EventKind.REQUEST_ARRIVED, {"prompt_tokens": 10}),
+                                       (EventKind.PREFILL_END, {}), (EventKind.DECODE_END, {}),
+                                       (EventKind.TOOL_START, {}), (EventKind.REQUEST_ARRIVED, {"prompt_tokens": 20})]):
+        assert tr.apply(LifecycleEvent(trajectory_id="t", kind=kind, ts=float(i), **extra)) is Outcome.APPLIED
+    late = tr.apply(LifecycleEvent(trajectory_id="t", kind=EventKind.TOOL_END, ts=5.5))
+    assert late is Outcome.DUPLICATE and tr.rejected_count == 0

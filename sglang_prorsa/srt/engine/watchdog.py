@@ -1,0 +1,116 @@
+"""Orphaned decode halves (issue 14: nothing waits on a timeout for something that already happened).
+
+A decode half waits for its prefill half's KV. Every protocol here releases both halves together, but a release can
+be lost (a peer unreachable for a moment, a race nobody foresaw), and SGLang would then hold the decode half until
+its transfer timeout (300 s by default) and fail it. So a decode instance asks, every few seconds, the prefill
+instance of each half queued longer than ``STALE_S`` whether it still holds that room (its tokenizer manager still
+has the request); a half whose prefill side let go -- on two checks in a row, since a transfer that just completed
+also lets go -- is taken off here and continued elsewhere from its prompt. A prefill instance that does not answer is
+treated as lost (``PeerLost``). Prefill halves whose decode half nobody holds are answered as handed on likewise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from sglang_prorsa.srt.messages import Inventory, PeerLost
+
+logger = logging.getLogger(__name__)
+
+CHECK_EVERY_S = 5.0
+STALE_S = 20.0
+
+
+def held_rooms(tokenizer_manager: Any, rooms: set[int]) -> list[int]:
+    """The rooms this instance still holds: requests its tokenizer manager has not finished (any stage)."""
+    held = set()
+    for state in list(tokenizer_manager.rid_to_state.values()):
+        room = getattr(state.obj, "bootstrap_room", None)
+        if isinstance(room, int) and room in rooms:
+            held.add(room)
+    return sorted(held)
+
+
+async def watch_orphans(side: Any) -> None:
+    while True:
+        await asyncio.sleep(CHECK_EVERY_S)
+        if side.role not in ("prefill", "decode") or side.switch is not None:
+            continue
+        try:
+            await check_once(side)
+        except Exception:  # a missed check is retried; serving goes on
+            logger.exception("orphan check failed")
+
+
+async def check_once(side: Any) -> list[int]:
+    inv = await side.channel.call(Inventory())
+    stale = [q for q in inv.queued if q.waited_s > STALE_S and q.bootstrap_room is not None]
+    if not stale:
+        side.orphan_suspects = set()
+        return []
+    if inv.role == "prefill":
+        return await _prefill_orphans(side, stale)
+    return await _decode_orphans(side, stale)
+
+
+def _confirmed(side: Any, unheld: list) -> list:
+    """Those also unheld at the previous check (a room let go just now may be a transfer that just completed)."""
+    rooms = {q.bootstrap_room for q in unheld}
+    confirmed = [q for q in unheld if q.bootstrap_room in side.orphan_suspects]
+    side.orphan_suspects = rooms
+    return confirmed
+
+
+async def _prefill_orphans(side: Any, stale: list) -> list[int]:
+    """Prefill halves not started after ``STALE_S`` whose decode half no instance holds: answered as handed on."""
+    rooms = [q.bootstrap_room for q in stale]
+    answers = await side._fan_out("/prorsa/held_rooms", [(p, {"rooms": rooms}) for p in side.decode_peers()])
+    if len(answers) < len(side.decode_peers()):
+        return []  # a decode instance did not answer: it may hold them; ask again next time
+    held = {room for a in answers.values() for room in a.get("held", [])}
+    gone = _confirmed(side, [q for q in stale if q.bootstrap_room not in held])
+    if not gone:
+        return []
+    side.expect_queued(gone, "prefill")
+    _, taken = await side.release_here([q.bootstrap_room for q in gone], only_not_started=True)
+    side.counters["orphans_handed_on"] += len(taken)
+    if taken:
+        logger.warning("%d prefill halves waited %.0f+ s for a decode half nobody holds: answered as handed on",
+                       len(taken), STALE_S)
+    return taken
+
+
+async def _decode_orphans(side: Any, stale: list) -> list[int]:
+    orphaned: list[int] = []
+    unheld: list = []
+    by_peer: dict[str, tuple[Any, list]] = {}
+    for q in stale:
+        peer = side.peers.by_bootstrap(q.bootstrap_host, q.bootstrap_port)
+        if peer is None:
+            continue
+        by_peer.setdefault(peer.instance_id, (peer, []))[1].append(q)
+    for peer, items in by_peer.values():
+        rooms = [q.bootstrap_room for q in items]
+        try:
+            status, answer = await side.post_json(peer.url + "/prorsa/held_rooms", {"rooms": rooms}, timeout_s=10)
+        except (OSError, asyncio.TimeoutError):
+            status, answer = 0, None
+        if status != 200:
+            logger.warning("prefill %s does not answer for %d waiting halves: treated as lost", peer.instance_id,
+                           len(items))
+            await side.channel.call(PeerLost(host=peer.bootstrap_host, port=peer.bootstrap_port))
+            continue
+        held = set(answer.get("held", []))
+        unheld += [q for q in items if q.bootstrap_room not in held]
+    gone = _confirmed(side, unheld)
+    if gone:
+        side.expect_queued(gone, "decode")
+        _, taken = await side.release_here([q.bootstrap_room for q in gone])
+        side.counters["orphans_continued"] += len(taken)
+        if taken:
+            logger.warning("%d decode halves waited %.0f+ s for KV their prefill instance no longer holds: "
+                           "continued elsewhere", len(taken), STALE_S)
+        orphaned += taken
+    return orphaned
