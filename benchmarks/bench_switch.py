@@ -46,9 +46,9 @@ def one_point(url: str, n: int, ctx: int, seed: int) -> dict:
             print(f"  request failed ({a.status_code}): {a.text[:400]}", flush=True)
     t = report["timings"]
     persist_s = max(t["persist_s"], 1e-9)
-    return {"requests": n, "context": ctx, "running_at_switch": running, "migrated": report["migrated"],
+    return {"requests": n, "context": ctx, "running_at_switch": running, "migrated": report["taken"],
             "quiesce_s": t["quiesce_s"], "persist_s": t["persist_s"], "rebuild_s": t["rebuild_s"],
-            "instance_total_s": t["total_s"], "front_total_s": t["front_total_s"],
+            "instance_total_s": t["total_s"], "front_total_s": t["controller_total_s"],
             "persisted_mb": report["persisted_bytes"] / 1e6,
             "store_gb_s": report["persisted_bytes"] / persist_s / 1e9, "answered": ok, "sent": 2 * n}
 

@@ -15,7 +15,7 @@ import sys
 
 from fastapi import FastAPI
 
-from sglang_prorsa.srt.entrypoints.lifecycle_api import make_router
+from sglang_prorsa.srt.lifecycle_routes import make_router
 from sglang_prorsa.srt.forecast.config import PredictorConfig
 from sglang_prorsa.srt.lifecycle.control_plane import REFRESH_INTERVAL_S, LifecycleControlPlane
 

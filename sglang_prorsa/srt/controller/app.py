@@ -32,8 +32,8 @@ from sglang_prorsa.srt.controller.metrics import merge_prometheus
 from sglang_prorsa.srt.controller.orchestrator import Orchestrator, SwitchRefused
 from sglang_prorsa.srt.controller.registry import Registry, State, UnknownInstance
 from sglang_prorsa.srt.controller.router_pools import RouterPools
-from sglang_prorsa.srt.entrypoints.http_utils import coded_error, field_error, json_object
-from sglang_prorsa.srt.entrypoints.lifecycle_api import make_router
+from sglang_prorsa.srt.http_utils import coded_error, field_error, json_object
+from sglang_prorsa.srt.lifecycle_routes import make_router
 from sglang_prorsa.srt.forecast.config import PredictorConfig
 from sglang_prorsa.srt.front.relay import Relay
 from sglang_prorsa.srt.lifecycle.control_plane import LifecycleControlPlane

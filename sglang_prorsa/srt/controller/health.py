@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from sglang_prorsa.srt.controller.http import Http
@@ -75,6 +76,24 @@ class Health:
             if isinstance(r, BaseException) or r[0] != 200:
                 logger.warning("peer_lost not delivered to %s: %s", i.instance_id, r)
 
+    async def catch_up_weights(self, inst: Instance) -> None:
+        """A restarted instance loads its start checkpoint: give it the weights its peers serve now (issue 13; a
+        checkpoint on disk and its version -- weights pushed as tensors cannot be replayed, see the README)."""
+        peers = [i for i in self.registry if i.state is State.ACTIVE and i is not inst]
+        if not peers:
+            return
+        s1, theirs = await self.http.get(peers[0].url + "/model_info")
+        s2, mine = await self.http.get(inst.url + "/model_info")
+        if s1 != 200 or s2 != 200:
+            return
+        keys = ("model_path", "weight_version")
+        if all(theirs.get(k) == mine.get(k) for k in keys):
+            return
+        status, answer = await self.http.post(inst.url + "/update_weights_from_disk", {
+            "model_path": theirs["model_path"], "weight_version": theirs.get("weight_version")}, timeout_s=1800)
+        logger.info("restarted instance %s caught up to %s (%s): %s", inst.instance_id, theirs.get("model_path"),
+                    theirs.get("weight_version"), status)
+
     async def restart(self, inst: Instance) -> None:
         from sglang_prorsa.srt.utils import processes
 
@@ -83,6 +102,12 @@ class Health:
         try:
             old = self.processes[iid]
             old.stop(grace_s=1.0)
+            spec = self.specs.get(iid)
+            if spec is not None and spec.role != inst.role and {spec.role, inst.role} <= {"prefill", "decode"}:
+                # Come back in the role the controller last gave it (the pools and the forecast's plan assume it),
+                # not the role it first started in.
+                spec = self.specs[iid] = spec.with_role(inst.role)
+                spec.dump(Path(old.argv[old.argv.index("--spec") + 1]))
             proc = processes.start(old.argv[3:], name=f"instance-{iid}-restart{self.restarts + 1}", port=old.port,
                                    log_dir=old.log_path.parent, module=old.argv[2], die_with_parent=True)
             self.processes[iid] = proc
@@ -91,8 +116,8 @@ class Health:
             t0 = time.monotonic()
             await asyncio.to_thread(proc.wait_ready, RESTART_READY_TIMEOUT_S)
             logger.info("instance %s restarted in %.1f s", iid, time.monotonic() - t0)
-            spec = self.specs.get(iid)
-            inst.role = spec.role if spec is not None else inst.role  # a fresh process serves its start role
+            inst.role = spec.role if spec is not None else inst.role  # a fresh process serves its spec's role
+            await self.catch_up_weights(inst)
             inst.epoch += 1
             inst.missed_checks = 0
             self.registry.set_state(inst, State.ACTIVE)

@@ -26,7 +26,8 @@ INSTANCE_MODULE = "sglang_prorsa.srt.engine"
 READY_TIMEOUT_S = 900.0
 
 
-def instance_specs(config: ProrsaConfig, sglang_argv: list[str], log_dir: Path) -> list[InstanceSpec]:
+def instance_specs(config: ProrsaConfig, sglang_argv: list[str], log_dir: Path,
+                   controller_url: str) -> list[InstanceSpec]:
     from sglang_prorsa.srt.utils import processes
 
     specs = []
@@ -38,7 +39,7 @@ def instance_specs(config: ProrsaConfig, sglang_argv: list[str], log_dir: Path) 
             bport = processes.free_port()
         specs.append(InstanceSpec(instance_id=str(k), host=config.prorsa_instance_host, port=processes.free_port(),
                                   role=role, bootstrap_port=bport, sglang_argv=tuple(sglang_argv), prorsa=config,
-                                  switchable=config.mode is Mode.ADAPTIVE))
+                                  controller_url=controller_url, switchable=config.mode is Mode.ADAPTIVE))
     return specs
 
 
@@ -50,8 +51,9 @@ def wait_all_ready(started: list) -> None:
         for srv, took in zip(started, ex.map(lambda s: s.wait_ready(timeout=READY_TIMEOUT_S), started)):
             logger.info("%s ready after %.1f s", srv.name, took)
     except BaseException:
-        for srv in started:
-            srv.stop(grace_s=1.0)
+        from sglang_prorsa.srt.utils import processes
+
+        processes.stop_many(started, grace_s=1.0)
         raise
     finally:
         ex.shutdown(wait=False, cancel_futures=True)
@@ -68,6 +70,7 @@ def run_front(config: ProrsaConfig, sglang_argv: list[str], host: str, port: int
     log_dir = Path(config.prorsa_log_dir or tempfile.mkdtemp(prefix="prorsa-instances-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     started: list = []
+    front = None
     master = None
     try:
         if config.prorsa_kv_store == "mooncake" and not config.prorsa_mooncake_master:
@@ -79,7 +82,9 @@ def run_front(config: ProrsaConfig, sglang_argv: list[str], host: str, port: int
             config = replace(config, prorsa_mooncake_master=master.address)
             logger.info("Mooncake Store master on %s", master.address)
         registry = Registry()
-        specs = instance_specs(config, sglang_argv, log_dir)
+        # The instances report their requests' lifecycle to this front (its controller), not to one of their own.
+        reachable = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+        specs = instance_specs(config, sglang_argv, log_dir, f"http://{reachable}:{port}")
         for spec in specs:
             path = spec.dump(log_dir / f"instance-{spec.instance_id}.json")
             srv = processes.start(["--spec", str(path)], name=f"instance-{spec.instance_id}", port=spec.port,
@@ -97,7 +102,8 @@ def run_front(config: ProrsaConfig, sglang_argv: list[str], host: str, port: int
                       specs={s.instance_id: s for s in specs}, keys=keys)
         uvicorn.run(build_app(front), host=host, port=port, log_level="warning", access_log=False)
     finally:
-        for srv in started:
-            srv.stop(grace_s=5.0)
+        # Instances restarted while serving replace the ones started first (Health.restart).
+        restarted = list(front.processes.values()) if front is not None else []
+        processes.stop_many([*started, *restarted], grace_s=5.0)
         if master is not None:
             master.stop()

@@ -35,6 +35,10 @@ class SwitchRefused(Exception):
         self.code = code
 
 
+class _Declined(SwitchRefused):
+    """The instance refused the switch (409) and is back in the pools unchanged."""
+
+
 class Orchestrator:
     def __init__(self, registry: Registry, http: Http, router: RouterPools | None = None) -> None:
         self.registry = registry
@@ -73,6 +77,11 @@ class Orchestrator:
                 self.registry.set_state(inst, State.SWITCHING, target_role=new_role)
                 status, body = await self.http.post(inst.url + "/prorsa/switch_role", {"new_role": new_role},
                                                     timeout_s=SWITCH_TIMEOUT_S)
+                if status == 409:  # the instance refused before touching anything: it serves on, as it was
+                    await self._restore(inst, old_role)
+                    code = body.get("code") if isinstance(body, dict) else None
+                    raise _Declined(409, Code(code) if code in Code._value2member_map_ else Code.UPSTREAM,
+                                    f"instance {instance_id} declined: {body.get('error') if isinstance(body, dict) else body}")
                 if status != 200:
                     raise SwitchRefused(502, Code.UPSTREAM, f"switch_role on {instance_id} failed ({status}): {body}")
                 # Its transfer endpoints are new: every decode instance forgets the old ones (pushed with the new
@@ -84,6 +93,8 @@ class Orchestrator:
                 t_back = time.perf_counter()
                 if self.router is not None:
                     await self.router.add(inst.url, new_role, inst.bootstrap_port)
+            except _Declined:
+                raise
             except (SwitchRefused, RouterPoolError, OSError, asyncio.TimeoutError) as e:
                 self.registry.set_state(inst, State.UNHEALTHY)
                 await self.push_peers()
@@ -103,6 +114,12 @@ class Orchestrator:
             logger.info("switched %s %s -> %s in %.2f s (%d requests taken off)", instance_id, old_role, new_role,
                         timings["controller_total_s"], out["taken"])
             return out
+
+    async def _restore(self, inst, role: str) -> None:
+        self.registry.set_state(inst, State.ACTIVE)
+        await self.push_peers()
+        if self.router is not None:
+            await self.router.add(inst.url, role, inst.bootstrap_port)
 
     async def sync_router(self) -> None:
         """At start-up: the external router's pools hold exactly our active PD instances, each in its role's pool."""

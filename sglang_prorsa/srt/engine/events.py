@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, Callable
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,9 @@ class EngineEvents:
         if len(self._buffer) >= MAX_BUFFERED:
             del self._buffer[0]
             self.dropped += 1
+        # Stamped when it happened, not when the batch arrives: the trainer's hints race these, and the tracker orders
+        # the two channels by ts (a late report of a response the trainer already acted on must not rewind it).
+        event["ts"] = time.time()
         self._buffer.append(event)
 
     def arrived(self, tid: str, prompt_tokens: int, prefill_instance: str) -> None:

@@ -59,7 +59,7 @@ def wrap_generate_request(original):
             await side.rebuilt()
         role = _header(request, ROLE_HEADER)
         if _single(obj) and side.role in ("prefill", "decode") and (
-                not side.admitting or (role is not None and role != side.role)):
+                not side.admitting or (role is not None and role != side.role)) and not _swept_later(side, obj, role):
             obj.normalize_batch_and_arguments()
             async for out in side.hand_on_at_arrival(obj, request, role):
                 yield out
@@ -73,6 +73,14 @@ def wrap_generate_request(original):
             entry.close()
 
     return generate_request
+
+
+def _swept_later(side: EngineSide, obj: Any, role: str | None) -> bool:
+    """A decode half reaching a decode instance whose switch is still sweeping is admitted: the next sweep moves it
+    with its prefill side deciding, so a prefill that already began is received and resumed from its KV, not
+    thrown away (handing it on at arrival would release a prefill half that may have finished)."""
+    return (side.switch is not None and not side.rebuilding and side.role == "decode" and role in (None, "decode")
+            and getattr(obj, "bootstrap_room", None) is not None)
 
 
 def _single(obj: Any) -> bool:

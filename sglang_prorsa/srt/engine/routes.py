@@ -30,7 +30,7 @@ from sglang_prorsa.srt.engine.peers import Peer
 from sglang_prorsa.srt.engine.side import EngineSide
 from sglang_prorsa.srt.engine.switch import SwitchFailed, SwitchJob
 from sglang_prorsa.srt.engine.watchdog import held_rooms
-from sglang_prorsa.srt.entrypoints.http_utils import coded_error, field_error, json_object
+from sglang_prorsa.srt.http_utils import coded_error, field_error, json_object
 from sglang_prorsa.srt.messages import ChannelError, Code, LoadPrefix, PeerLost, Status
 from sglang_prorsa.srt.scheduler.counters import prometheus_text
 

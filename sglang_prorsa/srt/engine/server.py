@@ -91,7 +91,7 @@ def run_instance(spec: InstanceSpec) -> None:
                 "controller": spec.controller_url or None, "overrides": REGISTRY.describe()}
 
     if not spec.controller_url:
-        from sglang_prorsa.srt.entrypoints.lifecycle_api import make_router
+        from sglang_prorsa.srt.lifecycle_routes import make_router
         from sglang_prorsa.srt.lifecycle.control_plane import LifecycleControlPlane
 
         control_plane = LifecycleControlPlane()

@@ -61,10 +61,12 @@ TRANSITIONS: dict[EventKind, tuple[frozenset, TrajState | None]] = {
     EventKind.PREFILL_END: (frozenset({_S.READY, _S.PREFILL}), _S.DECODE),
     # An aborted request may still come back finished (the abort raced its last token): the response is complete.
     EventKind.DECODE_END: (frozenset({_S.DECODE, _S.INTERRUPTED}), _S.DECODED),
-    # The trainer may parse the tool call / stop before the engine's decode_end reaches us: DECODE is a valid source.
-    EventKind.TOOL_START: (frozenset({None, _S.DECODE, _S.DECODED, _S.INTERRUPTED}), _S.TOOL),
+    # The trainer may parse the tool call / stop before any of the engine's events for the response reach us (they
+    # are batched): every engine state is a valid source; the engine's late events are then recognised by their ts.
+    EventKind.TOOL_START: (frozenset({None, _S.READY, _S.PREFILL, _S.DECODE, _S.DECODED, _S.INTERRUPTED}), _S.TOOL),
     EventKind.TOOL_END: (frozenset({_S.TOOL}), _S.TOOL_DONE),
-    EventKind.REWARD_START: (frozenset({None, _S.DECODE, _S.DECODED, _S.TOOL, _S.TOOL_DONE, _S.INTERRUPTED}),
+    EventKind.REWARD_START: (frozenset({None, _S.READY, _S.PREFILL, _S.DECODE, _S.DECODED, _S.TOOL, _S.TOOL_DONE,
+                                        _S.INTERRUPTED}),
                              _S.REWARD),
     EventKind.REWARD_END: (frozenset({_S.REWARD}), None),
     EventKind.ABORTED: (frozenset(LIVE_STATES), None),
@@ -105,6 +107,7 @@ class Trajectory:
     tool_ended_at: float | None = None
     interrupted_at: float | None = None
     output_tokens: int | None = None  # of the last completed response, when the engine reports it
+    stamped: bool = False  # entered_at is the sender's ts (not our receipt time): older stamped events are late
 
     def elapsed(self, now: float) -> float:
         return max(0.0, now - self.entered_at)

@@ -39,6 +39,7 @@ MAX_TOOLS = 1024
 MAX_INSTANCES = 4096
 _MODE_CODES = {None: -1, SandboxMode.PREWARM: 0, SandboxMode.COLD: 1}
 _IMPLIED_BY_REQUEST = frozenset({EventKind.TOOL_END, EventKind.SANDBOX_READY})
+_TERMINAL = frozenset({EventKind.REWARD_END, EventKind.ABORTED})  # never "late": they end the trajectory
 
 
 
@@ -158,8 +159,14 @@ class TrajectoryTracker:
                 return self._count(event, None, Outcome.UNKNOWN_TRAJECTORY)
             traj = self._create(event, ts, target)
             self._enter(traj, target, event, ts, previous=None)
+            traj.stamped = event.ts is not None
             return self._count(event, None, Outcome.APPLIED)
         if traj.state is target and traj.last_kind is event.kind:
+            return self._count(event, traj.state, Outcome.DUPLICATE)
+        if event.ts is not None and traj.stamped and event.ts < traj.entered_at and event.kind not in _TERMINAL:
+            # Both senders stamped the time things happened, and this one happened before the trajectory entered its
+            # current state: a late report of the past (the engine's events for a response the trainer has already
+            # acted on, or a trainer hint overtaken by the engine). Applying it would move the trajectory backwards.
             return self._count(event, traj.state, Outcome.DUPLICATE)
         if event.kind in _IMPLIED_BY_REQUEST and traj.state in ENGINE_STATES:
             # The engine's request_arrived already implied this hint (the trainer's and the engine's channels race):
@@ -172,6 +179,7 @@ class TrajectoryTracker:
             self._finish(traj, event, ts)
         else:
             self._enter(traj, target, event, ts, previous)
+            traj.stamped = event.ts is not None
         return self._count(event, previous, Outcome.APPLIED)
 
     def _count(self, event: LifecycleEvent, state: TrajState | None, outcome: Outcome) -> Outcome:
@@ -344,7 +352,10 @@ class TrajectoryTracker:
             self._phase_done(Phase.DECODE, traj, max(0.0, ts - traj.entered_at))
             traj.decoded_at = ts
             self.columns.decoded[traj.slot] = ts
-        if previous in (TrajState.DECODE, TrajState.DECODED):
+        elif previous in (TrajState.READY, TrajState.PREFILL):  # the engine's whole report of the response is late
+            traj.decoded_at = ts
+            self.columns.decoded[traj.slot] = ts
+        if previous in (TrajState.DECODE, TrajState.DECODED, TrajState.READY, TrajState.PREFILL):
             for cb in self._cb["on_turn_decided"]:
                 cb(traj, calls_tool)
             if not calls_tool:

@@ -113,8 +113,12 @@ def prefill_switch(front, gen_url: str) -> None:
     assert report["taken"] >= 1 and sum(report["released_elsewhere"].values()) >= 1  # handed on, not drained
     # None lost: every request answered, with exactly the reference tokens.
     check_identical(ref, got)
-    # None duplicated: across all instances each prompt was computed exactly once.
-    assert computed_tokens(front) - computed_before == sum(len(p) for p in PREFILL_PROMPTS)
+    # None duplicated: across all instances each prompt was computed once; a request resumed from persisted KV
+    # (its transfer was under way) recomputes at most its newest page.
+    from_kv = sum(1 for _, out in got for m in out["meta_info"].get("prorsa", {}).get("migrations", [])
+                  if m["kv_tokens"] > 0)
+    extra = computed_tokens(front) - computed_before - sum(len(p) for p in PREFILL_PROMPTS)
+    assert 0 <= extra <= PAGE * from_kv, (extra, from_kv)
 
 
 def _most_queued(front) -> dict:

@@ -79,7 +79,7 @@ def test_nothing_is_lost_at_a_fast_switch_rate(deployment):
         assert s == 200, out
         assert out["output_ids"] == r["output_ids"]
         assert max_logprob_gap(out, r) <= LOGPROB_TOL
-        moves += sum(1 for m in out["meta_info"].get("prorsa", {}).get("migrations", []) if m["stage"] == "running")
+        moves += sum(1 for m in out["meta_info"].get("prorsa", {}).get("migrations", []) if m["kv_tokens"] > 0)
     # None duplicated: each prompt computed once, plus at most one page per resume from persisted KV.
     extra = computed_tokens(front) - computed_before - sum(len(p) for p in prompts)
     assert 0 <= extra <= moves * PAGE, (extra, moves)
@@ -97,21 +97,27 @@ def _kill_and_wait(front, inst: dict) -> None:
 
 
 def _answers_while_killing(front, prompts, max_new, pick, ready) -> tuple[list, list, dict]:
+    """Send ``prompts`` and SIGKILL the instance ``pick`` names once ``ready`` holds for it. Whether it ever holds
+    depends on how fast this machine serves, so a batch that finished first is sent again (bounded)."""
     ref = run_all(lambda p: generate(front.url, p, max_new), prompts)
-    with ThreadPoolExecutor(len(prompts)) as ex:
-        futures = [ex.submit(generate, front.url, p, max_new) for p in prompts]
-        deadline = time.monotonic() + 300
-        while True:
-            victim = pick()
-            if ready(status(victim["url"])):
-                break
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        killer = threading.Thread(target=_kill_and_wait, args=(front, victim))
-        killer.start()
-        got = [f.result() for f in futures]
-        killer.join()
-    return ref, got, victim
+    for _ in range(4):
+        with ThreadPoolExecutor(len(prompts)) as ex:
+            futures = [ex.submit(generate, front.url, p, max_new) for p in prompts]
+            victim = None
+            while not all(f.done() for f in futures):
+                cand = pick()
+                if ready(status(cand["url"])):
+                    victim = cand
+                    break
+                time.sleep(0.02)
+            killer = threading.Thread(target=_kill_and_wait, args=(front, victim)) if victim else None
+            if killer:
+                killer.start()
+            got = [f.result() for f in futures]
+            if killer:
+                killer.join()
+                return ref, got, victim
+    raise AssertionError("the victim never had work in flight in four batches")
 
 
 def test_a_decode_instance_killed_while_busy_loses_nothing_and_rejoins(deployment):
@@ -119,7 +125,7 @@ def test_a_decode_instance_killed_while_busy_loses_nothing_and_rejoins(deploymen
     arrange(front, prefill=2, decode=2)
     prompts = distinct_prompts(16, lambda i: 30 + 4 * i, seed=12)
     ref, got, victim = _answers_while_killing(front, prompts, 160, lambda: busiest(front.url, "decode"),
-                                              lambda st: st["running"] >= 4)
+                                              lambda st: st["running"] >= 2)
     for (_, r), (s, out) in zip(ref, got):
         assert s == 200, out  # its requests were sent again on another pair (nothing had reached the caller)
         assert out["output_ids"] == r["output_ids"]
@@ -138,7 +144,7 @@ def test_a_prefill_instance_killed_while_busy_loses_nothing_and_rejoins(deployme
         cands = [i for i in instances(front.url) if i["role"] == "prefill" and i["status"] == "active"]
         return max(cands, key=lambda i: status(i["url"])["queued"])
 
-    ref, got, victim = _answers_while_killing(front, prompts, 8, most_queued, lambda st: st["queued"] >= 3)
+    ref, got, victim = _answers_while_killing(front, prompts, 8, most_queued, lambda st: st["queued"] >= 2)
     for (_, r), (s, out) in zip(ref, got):
         assert s == 200, out  # halves that waited for its KV were continued elsewhere by their decode instance
         assert out["output_ids"] == r["output_ids"]

@@ -175,3 +175,22 @@ def test_a_late_tool_end_after_the_next_request_is_an_implied_duplicate_not_an_e
         assert tr.apply(LifecycleEvent(trajectory_id="t", kind=kind, ts=float(i), **extra)) is Outcome.APPLIED
     late = tr.apply(LifecycleEvent(trajectory_id="t", kind=EventKind.TOOL_END, ts=5.5))
     assert late is Outcome.DUPLICATE and tr.rejected_count == 0
+
+
+def test_the_engines_late_report_of_a_response_the_trainer_acted_on_does_not_rewind_it():
+    """The engine batches its events; the trainer's tool_start can overtake all of them. Both stamp when things
+    happened, so the engine's older events are recognised as late and the trajectory stays in its tool."""
+    tr = TrajectoryTracker()
+    assert tr.apply(ev("t", K.SAMPLED, 0)) is Outcome.APPLIED
+    assert tr.apply(ev("t", K.REQUEST_ARRIVED, 1, prompt_tokens=10)) is Outcome.APPLIED  # the trainer's own copy
+    assert tr.apply(ev("t", K.TOOL_START, 4, tool="bash")) is Outcome.APPLIED  # from READY: the engine is late
+    for kind, ts in [(K.REQUEST_ARRIVED, 1.01), (K.PREFILL_START, 1.01), (K.PREFILL_END, 2), (K.DECODE_END, 3)]:
+        assert tr.apply(ev("t", kind, ts, prompt_tokens=10) if kind is K.REQUEST_ARRIVED else ev("t", kind, ts)) \
+            is Outcome.DUPLICATE
+    assert tr.get("t").state is TrajState.TOOL and tr.rejected_count == 0
+    # The next request (stamped after the tool started) is not late.
+    assert tr.apply(ev("t", K.REQUEST_ARRIVED, 9, prompt_tokens=30)) is Outcome.APPLIED
+    assert tr.get("t").state is TrajState.READY
+    # Receipt-stamped states (a sender that gave no ts) never make later events late.
+    tr.apply(LifecycleEvent("u", K.SAMPLED), 20.0)  # ts None: stamped on receipt
+    assert tr.get("u").stamped is False

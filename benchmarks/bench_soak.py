@@ -1,0 +1,170 @@
+"""Soak: many busy switches at random moments over thousands of greedy requests, on real servers (issue 14).
+
+Starts a front over four instances (2 prefill, 2 decode, file KV store), runs every request once unswitched (the
+reference, which is also the baseline of the latency columns), flushes the prefix caches, then runs them again with
+a switcher issuing switches at random moments: the busiest decode or prefill instance, back-to-back switches of the
+instance just switched, and of the decode instance that just received resumed requests. Reports requests lost,
+outputs not identical, prompt tokens computed beyond one per prompt (plus one page per resume from KV), switch times
+(p50/p99), and the extra latency of moved requests over their unswitched run. JSON + PNG under benchmarks/results/.
+
+    python benchmarks/bench_soak.py [--requests 5000] [--switches 100] [--concurrency 32] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+from tqdm import tqdm
+
+from sglang_prorsa.srt.utils import processes
+from sglang_prorsa.testing.front_client import busiest, generate, instance_status, instances, switch
+
+ENGINE_FLAGS = ["--chunked-prefill-size", "128", "--max-total-tokens", "131072", "--log-level", "warning"]
+
+
+def workload(n: int, seed: int) -> list[tuple[list[int], int]]:
+    rng = random.Random(seed)
+    jobs = []
+    for i in range(n):
+        length = rng.randint(12, 200)
+        jobs.append(([5 + i % 4000] + [rng.randint(20, 950) for _ in range(length - 1)], rng.randint(8, 64)))
+    return jobs
+
+
+def run(url: str, jobs, concurrency: int, desc: str) -> list[tuple[int, dict, float]]:
+    out: list = [None] * len(jobs)
+    bar = tqdm(total=len(jobs), desc=desc)
+
+    def one(i: int) -> None:
+        t0 = time.perf_counter()
+        status, body = generate(url, jobs[i][0], jobs[i][1], logprobs=False)
+        out[i] = (status, body, time.perf_counter() - t0)
+        bar.update()
+
+    with ThreadPoolExecutor(concurrency) as ex:
+        list(ex.map(one, range(len(jobs))))
+    bar.close()
+    return out
+
+
+def computed(url: str) -> int:
+    return sum(int(instance_status(i["url"])["counters"].get("prompt_tokens_computed", 0)) for i in instances(url))
+
+
+def switcher(url: str, n: int, mean_gap_s: float, seed: int, stop: threading.Event, log: list) -> None:
+    rng = random.Random(seed)
+    last = None
+    while len(log) < n and not stop.is_set():
+        time.sleep(rng.expovariate(1.0 / mean_gap_s))
+        insts = [i for i in instances(url) if i["status"] == "active"]
+        kind = rng.choice(["decode", "prefill", "back-to-back", "just-received"])
+        if kind == "back-to-back" and last is not None:
+            target, role = last
+        elif kind == "prefill" and sum(i["role"] == "prefill" for i in insts) > 1:
+            target, role = busiest(url, "prefill"), "decode"
+        else:
+            if sum(i["role"] == "decode" for i in insts) < 2:
+                target, role = busiest(url, "prefill"), "decode"
+            else:
+                target, role = busiest(url, "decode"), "prefill"  # busiest decode: it just received resumes too
+        t0 = time.perf_counter()
+        r = switch(url, target["instance"], role)
+        if r.status_code == 200:
+            rep = r.json()
+            log.append({"kind": kind, "instance": target["instance"], "to": role, "taken": rep["taken"],
+                        "controller_s": time.perf_counter() - t0, "timings": rep["timings"]})
+            last = (target, "decode" if role == "prefill" else "prefill")
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=5000)
+    ap.add_argument("--switches", type=int, default=100)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-soak-"))
+    port = processes.free_port()
+    front = processes.start(["--pd-adaptive", "--prorsa-instances", "4", "--prorsa-initial-prefill", "2",
+                             "--prorsa-manual-switch", "--prorsa-min-dwell", "0", "--prorsa-log-dir",
+                             str(log_dir / "instances"), "--host", processes.LOOPBACK, "--port", str(port),
+                             *ENGINE_FLAGS], name="front", port=port, log_dir=log_dir)
+    jobs = workload(args.requests, args.seed)
+    switches: list[dict] = []
+    try:
+        front.wait_ready(timeout=900)
+        url = front.url
+        t0 = time.perf_counter()
+        ref = run(url, jobs, args.concurrency, "reference")
+        ref_wall = time.perf_counter() - t0
+        for inst in instances(url):
+            requests.post(inst["url"] + "/flush_cache", timeout=60)
+        before = computed(url)
+        stop = threading.Event()
+        sw = threading.Thread(target=switcher, args=(url, args.switches, ref_wall / args.switches, args.seed, stop,
+                                                     switches))
+        sw.start()
+        got = run(url, jobs, args.concurrency, "switched")
+        stop.set()
+        sw.join()
+        extra = computed(url) - before - sum(len(p) for p, _ in jobs)
+    finally:
+        front.stop()
+    lost = sum(1 for s, _, _ in got if s != 200)
+    differ = sum(1 for (_, r, _), (s, g, _) in zip(ref, got) if s == 200 and g["output_ids"] != r["output_ids"])
+    moved = [(g, t, rt) for (_, _, rt), (s, g, t) in zip(ref, got)
+             if s == 200 and g["meta_info"].get("prorsa", {}).get("migrations")]
+    resumes = sum(sum(1 for m in g["meta_info"]["prorsa"]["migrations"] if m["stage"] == "running") for g, _, _ in moved)
+    unmoved_delta = [t - rt for (_, _, rt), (s, g, t) in zip(ref, got)
+                     if s == 200 and not g["meta_info"].get("prorsa", {}).get("migrations")]
+    moved_delta = [t - rt for _, t, rt in moved]
+    times = [s["controller_s"] for s in switches]
+    summary = {
+        "requests": args.requests, "switches": len(switches), "lost": lost, "not_identical": differ,
+        "moved_requests": len(moved), "resumes_from_kv": resumes, "extra_prompt_tokens_computed": extra,
+        "allowed_extra_tokens": resumes, "switch_s_p50": pct(times, 0.5), "switch_s_p99": pct(times, 0.99),
+        "moved_extra_latency_s_p50": pct(moved_delta, 0.5), "moved_extra_latency_s_p99": pct(moved_delta, 0.99),
+        "unmoved_extra_latency_s_p50": pct(unmoved_delta, 0.5),
+        "switch_kinds": {k: sum(s["kind"] == k for s in switches) for k in
+                         ("decode", "prefill", "back-to-back", "just-received")},
+    }
+    print(json.dumps(summary, indent=1))
+    (args.out / "soak.json").write_text(json.dumps({"summary": summary, "switches": switches}, indent=1))
+    plot(times, moved_delta, unmoved_delta, args.out / "soak.png")
+
+
+def plot(times, moved, unmoved, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    a.hist(times, bins=30)
+    a.set_xlabel("switch time at the controller (s)")
+    a.set_ylabel("switches")
+    b.hist([unmoved, moved], bins=40, label=["not moved", "moved by a switch"], stacked=False)
+    b.set_xlabel("latency minus the same request's unswitched latency (s)")
+    b.legend()
+    fig.suptitle("Soak: busy switches at random moments (CPU, tiny model)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""An instance's peer view and record book (srt/engine/peers.py, book.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_prorsa.srt.engine.book import RecordBook
+from sglang_prorsa.srt.engine.peers import NoPair, Peer, PeerView
+from sglang_prorsa.srt.messages import MigratedRequest, Stage
+
+
+def peer(iid, role, status="active", epoch=0, port=None):
+    return Peer(iid, f"http://{iid}", role, status, "127.0.0.1", port, epoch)
+
+
+def test_pairs_avoid_this_instance_inactive_peers_and_busy_ones():
+    view = PeerView("me")
+    view.update([peer("me", "decode"), peer("p1", "prefill"), peer("p2", "prefill"), peer("d1", "decode"),
+                 peer("d2", "decode", status="draining")])
+    p, d = view.pick_pair()
+    assert d.instance_id == "d1" and p.instance_id == "p1"
+    view.acquire(p)
+    assert view.pick("prefill").instance_id == "p2"  # p1 has a continuation of ours in flight
+    view.mark("d1", "unhealthy")
+    with pytest.raises(NoPair):
+        view.pick("decode")
+
+
+def test_an_epoch_change_is_reported_so_decode_instances_forget_old_endpoints():
+    view = PeerView("me")
+    view.update([peer("p", "prefill", port=5)])
+    assert view.update([peer("p", "prefill", port=5)]) == []
+    changed = view.update([peer("p", "decode", epoch=1, port=5)])
+    assert [c.instance_id for c in changed] == ["p"] and view.by_bootstrap("127.0.0.1", 5).role == "decode"
+
+
+def test_records_are_claimed_once_drained_on_demand_and_expire():
+    now = [0.0]
+    pending = []
+    book = RecordBook(drain=lambda: [book.put(pending.pop()) for _ in list(pending)], clock=lambda: now[0])
+    rec = MigratedRequest("r1", "decode", Stage.RUNNING, [1], [2], {})
+    pending.append(rec)
+    assert book.claim("r1") is rec  # not put yet: claim drains the channel first
+    assert book.claim("r1") is None
+    book.put(MigratedRequest("old", "decode", Stage.QUEUED, [1], [], {}))
+    now[0] = 10_000.0
+    book.put(MigratedRequest("new", "decode", Stage.QUEUED, [1], [], {}))
+    assert book.peek("old") is None and book.peek("new") is not None and book.expired_total == 1

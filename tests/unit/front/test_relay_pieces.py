@@ -1,0 +1,59 @@
+"""The relay's routing pieces (srt/front/relay.py): bootstrap splicing, prompt sizing, picking, affinity."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from sglang_prorsa.srt.controller.registry import Instance, Registry, State
+from sglang_prorsa.srt.front.relay import NoRoute, Relay, _batch_size, _prompt_size, _with_bootstrap
+
+
+def prefill(iid="p", port=9000, **kw):
+    return Instance(instance_id=iid, url=f"http://h/{iid}", role="prefill", bootstrap_host="10.0.0.1",
+                    bootstrap_port=port, state=State.ACTIVE, **kw)
+
+
+def test_bootstrap_fields_are_spliced_into_the_original_bytes():
+    raw = b' {"text": "hi", "sampling_params": {"max_new_tokens": 3}}'
+    out = orjson.loads(_with_bootstrap(raw, orjson.loads(raw), prefill(), None))
+    assert out["text"] == "hi" and out["sampling_params"] == {"max_new_tokens": 3}
+    assert out["bootstrap_host"] == "10.0.0.1" and out["bootstrap_port"] == 9000
+    assert 0 <= out["bootstrap_room"] < 2 ** 63
+    assert orjson.loads(_with_bootstrap(b"{}", {}, prefill(), None))["bootstrap_port"] == 9000
+
+
+def test_a_batch_gets_one_room_per_prompt_and_client_fields_are_replaced():
+    raw = b'{"input_ids": [[1, 2], [3]], "bootstrap_room": 5}'
+    out = orjson.loads(_with_bootstrap(raw, orjson.loads(raw), prefill(), _batch_size(orjson.loads(raw))))
+    assert out["bootstrap_host"] == ["10.0.0.1"] * 2 and len(set(out["bootstrap_room"])) == 2
+
+
+@pytest.mark.parametrize("body,size", [
+    ({"input_ids": [1, 2, 3]}, 3), ({"input_ids": [[1, 2], [3]]}, 3), ({"text": "x" * 40}, 11),
+    ({"messages": [{"role": "user", "content": "y" * 8}]}, 6), ({}, 0),
+])
+def test_prompt_size_for_load_accounting(body, size):
+    assert _prompt_size(body) == size
+
+
+def test_least_loaded_prefill_unless_the_trajectorys_own_is_not_much_busier():
+    reg = Registry()
+    a, b = reg.add(prefill("a", 1)), reg.add(prefill("b", 2))
+    relay = Relay(reg, pd=True)
+    a.inflight_prompt_tokens = 100
+    assert relay._pick_first("prefill", "traj", set()).instance_id == "b"  # least loaded; b becomes its home
+    b.inflight_prompt_tokens = 1000  # b busier, but within 1.5x + 2048 of a: the prefix cached there wins
+    assert relay._pick_first("prefill", "traj", set()).instance_id == "b"
+    b.inflight_prompt_tokens = 10_000  # much busier: load wins, the trajectory moves
+    assert relay._pick_first("prefill", "traj", set()).instance_id == "a"
+    assert relay.stats["affinity_hits"] == 1
+
+
+def test_only_active_instances_are_picked():
+    reg = Registry()
+    a = reg.add(prefill("a"))
+    relay = Relay(reg, pd=True)
+    reg.set_state(a, State.DRAINING)
+    with pytest.raises(NoRoute):
+        relay._pick_first("prefill", None, set())

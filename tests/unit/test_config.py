@@ -1,0 +1,51 @@
+"""Our flags, parsed once into a frozen configuration (sglang_prorsa/config.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from sglang_prorsa.config import ConfigError, InstanceSpec, Mode, split_prorsa_flags
+
+
+def test_flags_are_split_from_sglangs_and_frozen():
+    config, rest = split_prorsa_flags(["--pd-adaptive", "--prorsa-horizon", "5", "--port", "1", "--tp", "2"])
+    assert rest == ["--port", "1", "--tp", "2"]
+    assert config.mode is Mode.ADAPTIVE and config.prorsa_horizon_s == 5.0 and config.control_interval_s == 5.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.prorsa_horizon_s = 1.0
+
+
+@pytest.mark.parametrize("argv,mode,count,prefill", [
+    (["--pd-static", "2:3"], Mode.STATIC, 5, 2), (["--pd-colocated", "4"], Mode.COLOCATED, 4, 0),
+    (["--prorsa-controller", "http://h:1"], Mode.INSTANCE, 3, 1), ([], Mode.SINGLE, 3, 1),
+])
+def test_modes(argv, mode, count, prefill):
+    config, _ = split_prorsa_flags(argv)
+    assert config.mode is mode and config.instance_count == count
+    if mode is not Mode.COLOCATED:
+        assert config.initial_prefill == prefill
+    assert config.switching is False
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--pd-static", "2"], "--pd-static"), (["--pd-static", "0:1"], "--pd-static"),
+    (["--pd-adaptive", "--pd-colocated", "2"], "--pd-colocated"), (["--pd-adaptive", "--prorsa-instances", "1"],
+                                                                  "--prorsa-instances"),
+    (["--pd-adaptive", "--prorsa-initial-prefill", "3"], "--prorsa-initial-prefill"),
+    (["--prorsa-horizon", "0"], "--prorsa-horizon"), (["--prorsa-router", "ftp://x"], "--prorsa-router"),
+    (["--pd-adaptive", "--prorsa-controller", "http://h:1"], "--prorsa-controller"),
+    (["--prorsa-controller", "http://h:1", "--prorsa-kv-store", "mooncake"], "--prorsa-mooncake-master"),
+])
+def test_bad_combinations_name_the_flag(argv, flag):
+    with pytest.raises(ConfigError) as e:
+        split_prorsa_flags(argv)
+    assert e.value.flag == flag and flag in str(e.value)
+
+
+def test_an_instance_spec_round_trips_through_its_file(tmp_path):
+    config, _ = split_prorsa_flags(["--pd-adaptive"])
+    spec = InstanceSpec("0", "127.0.0.1", 1234, "prefill", 5678, ("--tp", "1"), config, switchable=True)
+    assert InstanceSpec.load(spec.dump(tmp_path / "s.json")) == spec
+    assert spec.url == "http://127.0.0.1:1234"
