@@ -136,6 +136,7 @@ class ThetaModel:
         self._xty = [0.0] * k
         self._tokens = self._cached = self._requests = self._weight = 0.0  # decayed sums for the mean mix
         self._coef = list(config.prior)
+        self._stale = False
         self.samples = 0
         self.rejected = 0
         self.per_instance: Counter[str] = Counter()
@@ -164,19 +165,26 @@ class ThetaModel:
         self._weight = d * self._weight + 1.0
         self.samples += 1
         self.per_instance[sample.instance_id] += 1
-        self._coef = _nonnegative_solve(self._xtx, self._xty, None, ridge=self._ridge, anchor=list(self.config.prior))
+        self._stale = True  # refitted when next read: samples arrive far more often than θ is asked for
         return True
 
     # ----- the model -----
+    def _fit(self) -> list[float]:
+        if self._stale:
+            self._coef = _nonnegative_solve(self._xtx, self._xty, None, ridge=self._ridge,
+                                            anchor=list(self.config.prior))
+            self._stale = False
+        return self._coef
+
     @property
     def coefficients(self) -> dict[str, float]:
-        return dict(zip(FEATURES, self._coef))
+        return dict(zip(FEATURES, self._fit()))
 
     def seconds(self, new_tokens: float, cached_tokens: float = 0.0, requests: float | None = None) -> float:
         """Modelled busy instance-seconds to prefill this work (``requests`` defaults to the mean prompt so far)."""
         if requests is None:
             requests = max((new_tokens + cached_tokens) / self.mean_prompt_tokens(), 1e-9)
-        return sum(c * x for c, x in zip(self._coef, features(new_tokens, cached_tokens, requests)))
+        return sum(c * x for c, x in zip(self._fit(), features(new_tokens, cached_tokens, requests)))
 
     def theta(self, new_tokens: float, cached_tokens: float = 0.0, requests: float | None = None) -> float:
         """θ: full-prompt tokens per busy second per instance for this mix (the mean-prompt mix when both are 0)."""
