@@ -97,12 +97,15 @@ class ControlPlaneDriver:
             horizon_s=cluster.horizon_s, injection=injection, default_prompt_tokens=x_new, prefill_profile=self.g))
         planner = PlannerConfig.unguarded() if cluster.planner == "paper" else PlannerConfig(
             min_dwell_s=cluster.min_dwell_s, hysteresis=cluster.hysteresis)
-        self.theta = ThetaModel(ThetaConfig.from_profile(perf.cold_profile_points()))
+        self.theta = ThetaModel(ThetaConfig.from_profile(perf.cold_profile_points(), reference_prompt_tokens=x_new))
+        self._prompt_sum, self._prompts = float(x_new), 1  # mean prompt of arrived requests (x_new until one came)
         self.controller = RoleSwitchController(ControllerConfig(
             horizon_s=cluster.horizon_s,
             allocator=AllocatorConfig(gpus_per_prefill=perf.gpus, gpus_per_decode=decode_perf.gpus),
             planner=planner,
             capacity=CapacityConfig(profiled_decode_kv_capacity=decode_perf.kv_tokens_per_instance),
+            # SGLang's default DP balancing lands a trajectory's turns on any rank: each may keep a copy
+            cache_copies=1.0 if cluster.routing == "rank_aware" else float(perf.ranks),
             cost=CostConfig(default_switch_s=model.switch_s, kv_bytes_per_token=model.kv_bytes_per_token,
                             kv_move_gbytes_per_s=decode_perf.gpus * model.transfer_gbytes_per_s),
         ), self.theta, self.clock)
@@ -120,6 +123,8 @@ class ControlPlaneDriver:
         heapq.heappush(self._buffer, (event.ts, next(self._seq), event))
 
     def request_arrived(self, run, prompt_tokens: int, instance: str, t: float) -> None:
+        self._prompt_sum += prompt_tokens
+        self._prompts += 1
         tid = run.plan.trajectory_id
         self.hint(LifecycleEvent(tid, EventKind.REQUEST_ARRIVED, ts=t, prompt_tokens=prompt_tokens, instance=instance))
         self.hint(LifecycleEvent(tid, EventKind.PREFILL_START, ts=t, instance=instance))
@@ -138,9 +143,9 @@ class ControlPlaneDriver:
         self.controller.observe(ThetaSample(instance.iid, new_tokens, cached_tokens, requests, seconds))
 
     def flush(self, until: float) -> None:
-        """Hand every buffered event stamped before ``until`` to the control plane, in time order."""
+        """Hand every buffered event stamped at or before ``until`` to the control plane, in time order."""
         buffer, batch = self._buffer, []
-        while buffer and buffer[0][0] < until:
+        while buffer and buffer[0][0] <= until:
             ts, _, event = heapq.heappop(buffer)
             aborted = self._aborted.get(event.trajectory_id)
             if aborted is not None and ts > aborted and event.kind is not EventKind.ABORTED:
@@ -170,13 +175,17 @@ class ControlPlaneDriver:
             recent = self.cp.predictor.accuracy.recent
             if recent and (not self.windows or self.windows[-1] is not recent[-1]):
                 self.windows.append(recent[-1])
-        forecast = self.cp.predictor.latest
-        if forecast is None:
-            return
+        # A fresh forecast over everything applied so far: events stamped exactly now (a step's launch) may have
+        # been ingested after this horizon's refresh.
+        forecast = self.cp.forecast()
         reports = self.reports(cluster)
         untracked = cluster.untracked_prefill_tokens()
-        decision = self.controller.tick(ControlInputs(forecast.prefill_tokens + untracked, forecast.decode_kv_tokens,
-                                                      cold_prefill_tokens=untracked), reports)
+        requests = forecast.decode_admission_tokens / (self._prompt_sum / self._prompts)  # predicted admissions
+        working_set = sum(run.prompt_tokens_at(run.turn) for run in cluster.trainer.live.values())
+        decision = self.controller.tick(ControlInputs(
+            forecast.prefill_tokens + untracked, forecast.decode_kv_tokens, cold_prefill_tokens=untracked,
+            prefill_backlog_tokens=min(forecast.prefill_tokens, forecast.sources.backlog) + untracked,
+            decode_requests_forecast=requests, working_set_tokens=working_set), reports)
         for switch in decision.plan.switches:
             cluster.start_switch(switch.instance_id, switch.dst, t)
             self.executed.append({"t": t, "instance": switch.instance_id, "from": switch.src.value,
@@ -210,5 +219,6 @@ class ControlPlaneDriver:
                 decode_kv_capacity=inst.perf.kv_tokens_per_instance if decode and active else 0,
                 role_since=inst.role_since, running_requests=inst.running_requests(), queued_requests=queued,
                 max_running_requests=inst.perf.max_running_per_instance if decode and active else 0,
-                prefix_cache_tokens=inst.prefix_cache_tokens(), last_switch_s=inst.last_switch_s))
+                prefix_cache_tokens=inst.prefix_cache_tokens(), last_switch_s=inst.last_switch_s,
+                prefix_cache_capacity=inst.perf.kv_tokens_per_instance if inst.role is Role.PREFILL else 0))
         return out

@@ -11,10 +11,12 @@ Routing (public SGLang 0.5.23 / sglang-router behaviour; ``ClusterConfig.routing
 A prefix hit is whatever the landing rank's prefix cache still holds (prefix_cache.py: LRU inside the free KV pool).
 
 Request path. Colocated: a request is admitted to a rank (instance.py: slots and KV), prefilled and decoded there. PD:
-prefilled on a prefill rank, then placed on the least loaded active decode instance (rank by the same policy), where it
-waits for a slot and KV (SGLang's pre-allocation queue); once admitted its KV crosses the network: a transfer waits for
-both ranks' NICs (each rank's NICs carry one transfer at a time, at ``gpus_per_rank`` x the per-GPU NIC bandwidth), then
-decoding starts.
+prefilled on a prefill rank, then placed on the least busy decode rank that has a slot and KV for it; when none has,
+it waits in the front's FIFO queue for the first that frees (late binding: SGLang's router binds the decode instance
+at dispatch, which would leave capacity switched to decode idle until new requests arrive; our front re-routes waiting
+requests, whose prompt is still cached on the prefill side). Once admitted its KV crosses the network: a transfer
+waits for both ranks' NICs (each rank's NICs carry one transfer at a time, at ``gpus_per_rank`` x the per-GPU NIC
+bandwidth), then decoding starts.
 
 Role switch (Appendix C): the instance leaves the routing pool; queued prefills restart elsewhere keeping their progress
 (persisted KV), decode requests move to other decode instances with their KV (a transfer from the switching instance)
@@ -60,7 +62,7 @@ class Cluster:
         self.retired: list[Instance] = []  # regrouped away; kept for the GPU-time accounting
         self._rng = random.Random(f"{rollout.seed}/bootstrap-room")
         self._rid = itertools.count()
-        self._awaiting: deque[Request] = deque()  # prefilled, no decode instance active right now
+        self._awaiting: deque[Request] = deque()  # prefilled, waiting for a decode rank with room (FIFO)
         self._in_transfer: dict[Request, Instance] = {}  # request -> decode instance that admitted it
         self._src: dict[Request, tuple[Instance, int]] = {}  # where a prefilled request's KV sits
         self._untracked: set[Request] = set()  # re-prefills the lifecycle API cannot report (see adaptive.py)
@@ -191,14 +193,36 @@ class Cluster:
         return sum(r.context for r in self._awaiting)
 
     # ----- decode placement and KV transfer -----
-    def _place(self, req: Request, t: float) -> None:
-        pool = self._active(Role.DECODE)
-        if not pool:
+    def _place(self, req: Request, t: float, front: bool = False) -> None:
+        """Late-bound decode placement: the request goes to the least busy decode rank that has a slot and KV for it
+        now, else it waits in the front's queue (FIFO; ``front``: ahead of the others, for requests that were already
+        decoding on a switched instance) for the first one that frees."""
+        if front:
+            self._awaiting.appendleft(req)
+            self._drain(t)
+        elif self._awaiting or not self._try_place(req, t):
             self._awaiting.append(req)
-            return
-        inst = min(pool, key=lambda i: (i.n_requests, i.iid))
-        rank = inst.least_loaded_rank() if self.rank_aware else inst.round_robin_rank()
-        inst.add_decode(req, rank, t)  # a reservation: the running batch, hence the regime, is unchanged
+
+    def _try_place(self, req: Request, t: float) -> bool:
+        best, best_key = None, None
+        for inst in self.instances:
+            if inst.role is not Role.DECODE or inst.status is not InstanceStatus.ACTIVE:
+                continue
+            for k, rs in enumerate(inst.ranks):
+                if inst.fits(rs, req.context):
+                    key = (len(rs.running) + rs.pending, inst.n_requests, k)
+                    if best_key is None or key < best_key:
+                        best, best_key = (inst, k), key
+        if best is None:
+            return False
+        best[0].add_decode(req, best[1], t)  # admitted at once: a reservation, the regime is unchanged
+        return True
+
+    def _drain(self, t: float) -> None:
+        """Place waiting prefilled requests while some decode rank has room."""
+        awaiting = self._awaiting
+        while awaiting and self._try_place(awaiting[0], t):
+            awaiting.popleft()
 
     def _admitted(self, inst: Instance, rs: Rank, req: Request, t: float) -> None:
         """A decode rank pre-allocated ``req``'s KV: move it over both ranks' NICs, then start decoding."""
@@ -239,6 +263,8 @@ class Cluster:
         run.request = None
         self.lifecycle.decode_finished(run, t)
         self.trainer.on_decoded(run, t)
+        if self._awaiting and inst.role is Role.DECODE:
+            self._drain(t)
 
     # ----- time -----
     def sync(self, t: float) -> None:
@@ -275,9 +301,9 @@ class Cluster:
         else:
             for req in waiting:
                 self._place(req, t)  # still waiting for a decode slot: its KV is where it was
-            for req in decoding:
+            for req in reversed(decoding):
                 self._src[req] = (inst, req.rank)  # KV persisted from this instance's NICs
-                self._place(req, t)
+                self._place(req, t, front=True)
             for req in [r for r, d in self._in_transfer.items() if d is inst]:
                 del self._in_transfer[req]
                 self._place(req, t)
@@ -310,8 +336,34 @@ class Cluster:
     def _activate(self, inst: Instance, t: float) -> None:
         inst.status, inst.role_since, inst.t = InstanceStatus.ACTIVE, t, t
         if inst.role is Role.DECODE:
-            while self._awaiting:
-                self._place(self._awaiting.popleft(), t)
+            self._drain(t)
+        else:
+            self._rebalance(inst, t)
+
+    def _rebalance(self, new: Instance, t: float) -> None:
+        """A switched-in prefill instance takes over requests queued, not started, on busier prefill instances (the
+        front cancels and re-sends them), while that narrows the gap in queued tokens. Without it, only requests
+        arriving after the switch would use it. (Decode needs no such step: placement is late-bound, see _place.)"""
+        if self.colocated:
+            return
+        donors = [i for i in self._active(new.role) if i is not new]
+        while True:  # prefill: move queued, not started requests while that narrows the gap in queued tokens
+            donor = max(donors, key=lambda i: (i.prefill_left, i.iid), default=None)
+            if donor is None:
+                return
+            tail = [(r.prefill[-1], k) for k, r in enumerate(donor.ranks) if len(r.prefill) > 1]
+            if not tail:
+                return
+            req, _ = max(tail, key=lambda e: e[0].prompt - e[0].done)
+            size = req.prompt - req.done
+            if new.prefill_left + size >= donor.prefill_left - size:
+                return
+            donor.advance(t)
+            donor.remove(req)
+            self._plan(donor)
+            req.cached = req.done = 0  # its prefix cache stayed on the donor: prefilled in full
+            rank = new.round_robin_rank() if not self.rank_aware else new.least_loaded_rank()
+            self._add_prefill(new, req, rank, t)
 
     # ----- metrics -----
     def all_instances(self) -> list[Instance]:

@@ -80,7 +80,7 @@ class ModelConfig:
     transfer_latency_s: float = 0.005
     switch_s: float = 5.0  # role switch (Appendix C: "around 5 seconds on average")
     moe_dp_sync: bool = True  # a DP group's iteration waits for its slowest rank (MoE layers are collective)
-    max_running_per_rank: int = 64  # SGLang --max-running-requests divided over the DP ranks
+    max_running_per_rank: int = 16  # SGLang --max-running-requests per DP rank (paper Table 1: batch 16 per rank)
     reserved_decode_tokens: int = 512  # SGLang --num-reserved-decode-tokens: KV kept free per running request
     decode_wide: dict[str, Any] | None = None  # the decode shape of stage-specific parallelism (see Shape)
     sources: dict[str, str] = field(default_factory=dict, compare=False)

@@ -25,7 +25,8 @@ re-plans. Context growth inside a regime is applied at its end (the step time us
 Accounting per instance: busy time, GPU-seconds of work, and GPU-seconds lost waiting at the MoE collective, split into
 ``interference`` (a rank waiting for a rank of the other stage: a decode step held by a prefill chunk, §3.2 / Figure 6)
 and ``imbalance`` (waiting for a rank of the same stage, or having nothing to do while others work). A prefill
-instance also reports its busy intervals (idle -> idle) for the θ model.
+instance also reports its busy intervals (idle -> idle) for the θ model, timed in instance-equivalent seconds (the
+prefilling ranks' busy time over the rank count), so θ is an instance's capacity whatever the load.
 """
 
 from __future__ import annotations
@@ -211,6 +212,10 @@ class Instance:
         heapq.heappush(rs.finish_heap, (req.finish_step, req.rid))
         rs.context += req.context
 
+    def fits(self, rs: Rank, tokens: int) -> bool:
+        """Rank ``rs`` would admit a request of ``tokens`` KV now (nothing waiting ahead of it there)."""
+        return not rs.admit and not rs.parked and self._fits(rs, tokens)
+
     def _fits(self, rs: Rank, tokens: int) -> bool:
         busy = len(rs.running) + rs.pending
         if busy == 0:
@@ -328,6 +333,8 @@ class Instance:
         self.interference_gpu_s += interference * gpr
         self.imbalance_gpu_s += imbalance * gpr
         self._regime = None
+        if self._busy is not None:  # θ sample time: the prefilling ranks' busy seconds over the rank count
+            self._busy[4] += done * period * sum(1 for op in ops if op > 0) / len(ops)
         prefilled, decoded = [], []
         for rs, op in zip(self.ranks, ops):
             if op > 0:
@@ -340,7 +347,7 @@ class Instance:
             for it, req in prefilled:
                 self._on_prefilled(self, req, start + it * period)
             if self._busy is not None and not any(rs.prefill for rs in self.ranks):
-                self._close_busy(start + prefilled[-1][0] * period)
+                self._close_busy()
         if decoded:
             if len(decoded) > 1:
                 decoded.sort(key=lambda e: e[0])
@@ -421,13 +428,15 @@ class Instance:
     # ----- θ busy intervals (prefill instances) -----
     def _start_busy(self, now: float) -> None:
         if self._busy is None and self.role is Role.PREFILL and not any(rs.prefill for rs in self.ranks):
-            self._busy = [max(now, self.t), 0, 0, 0]
+            self._busy = [max(now, self.t), 0, 0, 0, 0.0]
 
-    def _close_busy(self, t: float) -> None:
-        start, new, cached, requests = self._busy
+    def _close_busy(self) -> None:
+        """An idle-to-idle interval ends: report its work and its instance-equivalent busy seconds (each DP rank runs
+        its own scheduler; one rank busy for 1 s on a 2-rank instance is half an instance-second)."""
+        _, new, cached, requests, seconds = self._busy
         self._busy = None
-        if requests and t > start and self._on_interval is not None:
-            self._on_interval(self, new, cached, requests, t - start)
+        if requests and seconds > 0 and self._on_interval is not None:
+            self._on_interval(self, new, cached, requests, seconds)
 
     # ----- leaving work -----
     def evict_all(self) -> tuple[list[Request], list[Request]]:

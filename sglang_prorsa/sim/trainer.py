@@ -33,6 +33,10 @@ from sglang_prorsa.workload.generator import TrajectoryPlan, WorkloadGenerator
 from sglang_prorsa.workload.presets import TaskProfile
 
 HINT_DELAY_S = 0.02  # decode end -> the trainer's tool_start / reward_start hint (as workload/simulator.py)
+# Plans are pure functions of (task, seed, index, group): a sweep runs the same workload under many cluster
+# configurations, so each process keeps the plans it drew (bounded; cleared whole when full).
+_PLAN_CACHE: dict[tuple, TrajectoryPlan] = {}
+PLAN_CACHE_SIZE = 50_000
 Sink = Callable[[LifecycleEvent], None]  # None: no control plane listens, hints are not even built
 
 
@@ -76,6 +80,21 @@ class TrajectoryRun:
     def event(self, kind: EventKind, t: float, **fields) -> LifecycleEvent:
         p = self.plan
         return LifecycleEvent(p.trajectory_id, kind, ts=t, group_id=p.group_id, task=p.task, **fields)
+
+
+def clear_plan_cache() -> None:
+    """Forget cached plans (speed measurements start cold)."""
+    _PLAN_CACHE.clear()
+
+
+def _plan(generator: WorkloadGenerator, index: int, group_id: str) -> TrajectoryPlan:
+    key = (generator.task.name, generator.task, generator.seed, index, group_id)
+    plan = _PLAN_CACHE.get(key)
+    if plan is None:
+        if len(_PLAN_CACHE) >= PLAN_CACHE_SIZE:
+            _PLAN_CACHE.clear()
+        plan = _PLAN_CACHE[key] = generator.plan(index, group_id)
+    return plan
 
 
 class Trainer:
@@ -125,7 +144,7 @@ class Trainer:
         self._group_left[gid] = self.rollout.group_size
         generator = self.generators[k % len(self.generators)]
         for _ in range(self.rollout.group_size):
-            run = TrajectoryRun(generator.plan(len(self.runs), gid), self.version, t)
+            run = TrajectoryRun(_plan(generator, len(self.runs), gid), self.version, t)
             self.runs.append(run)
             self.live[run.plan.trajectory_id] = run
             self._launch(run, t)

@@ -42,7 +42,7 @@ class InstanceReport:
     their defaults mean "not reported" and leave the controller to its configured fallbacks:
     ``running_requests`` / ``queued_requests`` (scheduler), ``max_running_requests`` (the engine's batch limit: with it,
     decode demand counts request slots as well as KV, see ``decode_slot_demand``), ``prefix_cache_tokens`` (held in the
-    radix cache; lost on a switch), ``last_switch_s`` (duration of its last switch), ``generation_paused`` (the trainer
+    radix cache; lost on a switch), ``prefix_cache_capacity`` (its KV pool, the most the cache can hold), ``last_switch_s`` (duration of its last switch), ``generation_paused`` (the trainer
     paused generation on it).
     """
 
@@ -59,6 +59,7 @@ class InstanceReport:
     queued_requests: int = 0
     max_running_requests: int = 0  # 0: unknown
     prefix_cache_tokens: int = 0
+    prefix_cache_capacity: int = 0  # tokens its KV pool can give the prefix cache (0: unknown)
     last_switch_s: float | None = None
     generation_paused: bool = False
 

@@ -26,6 +26,7 @@ demand), and the planner's need / hysteresis / dwell / cost conditions.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -56,6 +57,8 @@ class ControllerConfig:
     theta: ThetaConfig = field(default_factory=ThetaConfig)  # prior of the θ model the controller builds itself
     cost: CostConfig = field(default_factory=CostConfig)
     smoothing: float = 0.5  # weight of the newest demand reading; 1 = no smoothing
+    rise_at_once: bool = True  # demand = max(newest, smoothed): smoothing damps falls and noise dips, not rises
+    cache_copies: float = 1.0  # prefix-cache copies of one trajectory's context (DP ranks it lands on; 1 = DP-aware)
 
     def __post_init__(self) -> None:
         planner, allocator = self.planner, self.allocator
@@ -74,22 +77,33 @@ class ControlInputs:
     prefill_tokens_forecast: float  # Ŵ^P: full-prompt tokens over the horizon
     decode_kv_forecast: float  # K̂^D: KV of requests predicted to enter decode within the horizon
     cold_prefill_tokens: float = 0.0  # part of Ŵ^P with no usable prefix cache (re-prefill): costed at cold θ
+    # Part of Ŵ^P already queued or in flight (B.4 + B.6; the cold part included): counted once in the lookahead, not
+    # once per window. None: all of Ŵ^P but the cold part is read as arriving anew every horizon.
+    prefill_backlog_tokens: float | None = None
     decode_requests_forecast: float | None = None  # requests entering decode in the horizon; None: K̂^D / mean context
     burst_prefill_tokens: float = 0.0  # known prefill work arriving ``burst_in_s`` from now (next weight update)
     burst_in_s: float | None = None
     paused: bool = False  # the trainer paused generation: hold
+    working_set_tokens: float | None = None  # context tokens of live trajectories (tracker): what caches could reuse
 
     def __post_init__(self) -> None:
         for name in ("prefill_tokens_forecast", "decode_kv_forecast", "cold_prefill_tokens", "burst_prefill_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        for name in ("decode_requests_forecast", "burst_in_s"):
+        for name in ("decode_requests_forecast", "burst_in_s", "prefill_backlog_tokens", "working_set_tokens"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be None or a finite number >= 0, got {value!r}")
         if self.cold_prefill_tokens > self.prefill_tokens_forecast:
             raise ValueError("cold_prefill_tokens cannot exceed prefill_tokens_forecast")
+        if self.prefill_backlog_tokens is not None and self.prefill_backlog_tokens > self.prefill_tokens_forecast:
+            raise ValueError("prefill_backlog_tokens cannot exceed prefill_tokens_forecast")
+
+    @property
+    def backlog_tokens(self) -> float:
+        """Queued prefill work: the given backlog, and at least the cold re-prefill (which is queued by nature)."""
+        return max(self.cold_prefill_tokens, self.prefill_backlog_tokens or 0.0)
 
 
 @dataclass(frozen=True)
@@ -162,6 +176,11 @@ class RoleSwitchController:
     def theta_snapshot(self) -> dict:
         return self.theta.snapshot()
 
+    def _mean_prompt(self) -> float:
+        if isinstance(self.theta, ThetaModel):
+            return self.theta.mean_prompt_tokens()
+        return self.config.theta.reference_prompt_tokens
+
     def _theta(self, profile: WorkloadProfile | None) -> tuple[float, float, bool]:
         """(θ at the recent mix, cold θ, measured?)."""
         if isinstance(self.theta, ThetaModel):
@@ -179,17 +198,18 @@ class RoleSwitchController:
         busy_s = warm / theta_mix + control.cold_prefill_tokens / theta_cold
         theta_eff = control.prefill_tokens_forecast / busy_s if busy_s > 0 else theta_mix
         requests = control.decode_requests_forecast
-        if requests is None:
+        if requests is None:  # K̂^D over the KV of a decoding request: now's mean context, else the mean prompt
             running = sum(r.running_requests for r in reports if r.role is Role.DECODE)
             used = sum(r.decode_kv_used for r in reports if r.role is Role.DECODE)
-            requests = control.decode_kv_forecast * running / used if running and used else 0.0
+            per_request = used / running if running and used else self._mean_prompt()
+            requests = control.decode_kv_forecast / per_request if per_request > 0 else 0.0
         inputs = AllocationInputs(
             prefill_tokens_forecast=control.prefill_tokens_forecast, horizon_s=self.config.horizon_s,
             theta_p=theta_eff, decode_kv_now=decode_kv_footprint(reports),
             decode_kv_forecast=control.decode_kv_forecast,
             decode_kv_capacity=decode_kv_capacity(reports, self.config.capacity), gpu_budget=gpu_budget(reports),
             decode_slot_demand=decode_slot_demand(reports, requests))
-        return self._decide(inputs, reports, profile, control, theta_cold, measured)
+        return self._decide(inputs, reports, profile, control, theta_cold, measured, theta_mix)
 
     def step(self, prefill_tokens_forecast: float, decode_kv_forecast: float, reports: Sequence[InstanceReport],
              profile: WorkloadProfile | None = None) -> Decision:
@@ -209,30 +229,72 @@ class RoleSwitchController:
                profile: WorkloadProfile | None = None, control: ControlInputs | None = None) -> Decision:
         """Eq. 1 then the planner, on inputs the caller assembled (θ^P in ``inputs`` is taken as given)."""
         _, theta_cold, measured = self._theta(profile)
-        return self._decide(inputs, reports, profile, control, min(theta_cold, inputs.theta_p), measured)
+        return self._decide(inputs, reports, profile, control, min(theta_cold, inputs.theta_p), measured,
+                            inputs.theta_p)
 
     def _decide(self, inputs: AllocationInputs, reports: Sequence[InstanceReport], profile, control,
-                theta_cold: float, measured: bool) -> Decision:
+                theta_cold: float, measured: bool, theta_mix: float) -> Decision:
         now = self._clock.now()
         allocation = allocate(inputs, self.config.allocator)
         paused = bool(control and control.paused) or any(r.generation_paused for r in reports)
-        windows = self._windows(allocation, control, theta_cold, paused)
+        windows, backlog = self._windows(allocation, control, theta_mix, theta_cold, paused)
         m_prefill = self.config.allocator.gpus_per_prefill
-        costs = {r.instance_id: switch_cost(r, self.config.cost, 1.0 / theta_cold, m_prefill)
+        reusable = self._reusable_tokens(inputs, reports, windows[Role.PREFILL])
+        costs = {r.instance_id: switch_cost(r, self.config.cost, 1.0 / theta_cold, m_prefill, reusable)
                  for r in reports if r.status is InstanceStatus.ACTIVE}
-        context = PlanContext(self.config.horizon_s, windows[Role.PREFILL], windows[Role.DECODE], costs, paused)
+        cache_loss = self._cache_loss(control, reports, windows[Role.PREFILL], inputs.theta_p, theta_cold)
+        context = PlanContext(self.config.horizon_s, windows[Role.PREFILL], windows[Role.DECODE], costs, paused,
+                              prefill_backlog=backlog, prefill_cache_loss=cache_loss)
         plan = self._planner.plan(reports, allocation, now, context)
         a_s, b_s = self._smoothed or (allocation.prefill_demand, allocation.decode_demand)
         demand = {"prefill": allocation.prefill_demand, "decode": allocation.decode_demand,
                   "prefill_smoothed": a_s, "decode_smoothed": b_s,
+                  "prefill_backlog": backlog, "prefill_cache_loss": cache_loss,
                   "windows": {"prefill": list(windows[Role.PREFILL]), "decode": list(windows[Role.DECODE])}}
         self._last = Decision(now, inputs, allocation, plan, profile, measured, control, theta_cold, demand, costs)
         return self._last
 
-    def _windows(self, allocation: Allocation, control: ControlInputs | None, theta_cold: float,
-                 paused: bool) -> dict[Role, tuple[float, ...]]:
-        """Demand per lookahead window: the smoothed a and b persist; a known burst lands in its window."""
-        a, b = allocation.prefill_demand, allocation.decode_demand
+    def _cache_loss(self, control: ControlInputs | None, reports: Sequence[InstanceReport],
+                    prefill_windows: tuple[float, ...], theta_mix: float, theta_cold: float) -> float:
+        """Extra prefill work per window (instances) if one prefill instance leaves, from cache pressure.
+
+        The prefill caches hold ``copies`` x the live working set where they can: a fraction f(C) = min(1, C /
+        (W x copies)) of it, for a total capacity C. Hits scale with f, so removing one instance's capacity loses
+        h x (1 - f(C - C_i) / f(C)) of the arriving prompt tokens to recompute at cold θ. 0 when the working set or
+        the capacities are not reported."""
+        if control is None or not control.working_set_tokens or not isinstance(self.theta, ThetaModel):
+            return 0.0
+        caps = [r.prefix_cache_capacity for r in reports
+                if r.role is Role.PREFILL and r.status is InstanceStatus.ACTIVE and r.prefix_cache_capacity > 0]
+        if len(caps) < 2:
+            return 0.0
+        need = control.working_set_tokens * self.config.cache_copies
+        total = sum(caps)
+        f_now, f_after = min(1.0, total / need), min(1.0, (total - total / len(caps)) / need)
+        lost = self.theta.hit_ratio() * (1 - f_after / f_now)
+        tokens_per_window = statistics.fmean(prefill_windows) * self.config.horizon_s * theta_mix
+        return lost * tokens_per_window / (self.config.horizon_s * theta_cold)
+
+    def _reusable_tokens(self, inputs: AllocationInputs, reports: Sequence[InstanceReport],
+                         prefill_windows: tuple[float, ...]) -> float | None:
+        """Prefix hits one prefill instance would serve over the lookahead: its share of the prompt tokens expected
+        there times the measured hit ratio (None without a θ model to measure it)."""
+        if not isinstance(self.theta, ThetaModel):
+            return None
+        n_prefill = sum(1 for r in reports if r.role is Role.PREFILL and r.status is InstanceStatus.ACTIVE)
+        tokens = sum(prefill_windows) * self.config.horizon_s * inputs.theta_p
+        return self.theta.hit_ratio() * tokens / max(n_prefill, 1)
+
+    def _windows(self, allocation: Allocation, control: ControlInputs | None, theta_mix: float, theta_cold: float,
+                 paused: bool) -> tuple[dict[Role, tuple[float, ...]], float]:
+        """Demand per lookahead window in instances, and the prefill backlog (counted once): the arrival part of a and
+        b is smoothed and persists; a known burst arrives in its window; the backlog is observed, not smoothed."""
+        horizon = self.config.horizon_s
+        backlog = 0.0
+        if control is not None and control.backlog_tokens > 0:
+            cold = control.cold_prefill_tokens
+            backlog = ((control.backlog_tokens - cold) / theta_mix + cold / theta_cold) / horizon
+        a, b = max(0.0, allocation.prefill_demand - backlog), allocation.decode_demand
         if not paused:  # readings taken while generation is paused say nothing about demand
             alpha = self.config.smoothing
             if self._smoothed is None:
@@ -241,13 +303,15 @@ class RoleSwitchController:
                 a0, b0 = self._smoothed
                 self._smoothed = (alpha * a + (1 - alpha) * a0, alpha * b + (1 - alpha) * b0)
         a_s, b_s = self._smoothed or (a, b)
-        n, horizon = self.config.planner.lookahead_horizons, self.config.horizon_s
+        if self.config.rise_at_once:
+            a_s, b_s = max(a, a_s), max(b, b_s)
+        n = self.config.planner.lookahead_horizons
         prefill = [a_s] * n
         if control is not None and control.burst_prefill_tokens > 0 and control.burst_in_s is not None:
             k = int(control.burst_in_s // horizon)
             if k < n:
                 prefill[k] += control.burst_prefill_tokens / (horizon * theta_cold)
-        return {Role.PREFILL: tuple(prefill), Role.DECODE: (b_s,) * n}
+        return {Role.PREFILL: tuple(prefill), Role.DECODE: (b_s,) * n}, backlog
 
     def last_decision(self) -> dict | None:
         return self._last.to_dict() if self._last is not None else None

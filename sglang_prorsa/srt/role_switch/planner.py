@@ -10,9 +10,14 @@ Within that bound a switch is made only when all of these hold:
      (d = demand in instances: Eq. 1's a or b, smoothed by the controller, plus known bursts). A role with room to
      spare is never fed, however the target ratio moves: with both demands tiny, Eq. 1's scale-free δ swings the
      ratio, the need test does not;
-  2. absolute hysteresis: the donor's coverage after the move is at least the receiver's coverage before it plus
-     ``hysteresis`` (coverage units), so a move always lifts the worse-served role by a fixed step and the reverse move
-     cannot follow from a small fluctuation;
+  2. absolute hysteresis: the donor keeps coverage >= 1 + ``short_margin`` + ``hysteresis`` after the move in every
+     window. A role is short below 1 + short_margin but may give only above that plus the band, so a role that just
+     received cannot give back on a small fluctuation. The stages are in series: prefill feeds decode. A short
+     prefill is fed first (``prefill_first``), from decode even when decode is short, and decode's loss is not
+     counted: decode's slot demand is a queue that prefill keeps filling, capacity past what prefill feeds it serves
+     nothing. Decode is fed only from prefill capacity prefill can spare (never making prefill short: a prefill
+     donor also takes its share of the prefix-cache pool with it, ``PlanContext.prefill_cache_loss``). Where Eq. 1
+     would split a shortage of both roles, this rule settles it upstream first;
   3. dwell: an instance keeps a new role at least max(``min_dwell_s``, ``dwell_switch_costs`` × its switch time);
   4. pays: the GPU-seconds of needed service gained over ``lookahead_horizons`` horizons exceed the switch's cost
      (downtime, migration of its decode KV, re-prefill of the prefix cache it drops; cost.py). "Needed" counts demand
@@ -36,7 +41,8 @@ from dataclasses import dataclass, field
 
 from sglang_prorsa.srt.role_switch.allocator import Allocation, coverage_of
 from sglang_prorsa.srt.role_switch.capacity import InstanceReport, InstanceStatus, Role, role_counts
-from sglang_prorsa.srt.role_switch.cost import CostConfig, SwitchCost, move_gain_gpu_s, switch_cost, switch_seconds
+from sglang_prorsa.srt.role_switch.cost import CostConfig, Demand, SwitchCost, move_gain_gpu_s, switch_cost, \
+    switch_seconds
 
 # Why a plan holds (``SwitchPlan.hold_reason``) or a candidate was refused (``Considered.reason``).
 PAUSED = "paused"  # the trainer paused generation: demand readings mean nothing now
@@ -44,7 +50,7 @@ NO_ROLE_SHORT = "no_role_short"
 TARGET_MET = "target_met"  # Eq. 1 gives the short role no more instances than it has
 NO_ELIGIBLE = "no_eligible_instance"  # every donor is switching, unhealthy or inside its dwell time
 DONOR_AT_MINIMUM = "donor_at_minimum"
-WITHIN_BAND = "within_hysteresis_band"  # the donor would end no better off than the receiver is now
+WITHIN_BAND = "within_hysteresis_band"  # the donor would be left below 1 + short_margin + hysteresis
 COST_EXCEEDS_GAIN = "cost_exceeds_gain"
 ACCEPTED = "accepted"
 
@@ -52,7 +58,7 @@ ACCEPTED = "accepted"
 @dataclass(frozen=True)
 class PlannerConfig:
     min_dwell_s: float = 30.0  # floor of the dwell time; 0 with dwell_switch_costs 0 turns the guard off
-    hysteresis: float = 0.1  # absolute coverage band of condition 2; 0 turns it off
+    hysteresis: float = 0.1  # absolute coverage band of condition 2 above the short threshold
     min_prefill: int = 1  # must match AllocatorConfig: roles are never emptied below these
     min_decode: int = 1
     short_margin: float = 0.1  # condition 1: short below coverage 1 + short_margin
@@ -60,12 +66,16 @@ class PlannerConfig:
     lookahead_horizons: int = 3  # condition 4: gain integrated over this many horizons
     need_based: bool = True  # False: move toward Eq. 1's target whether or not a role is short (the paper)
     cost_aware: bool = True  # False: skip condition 4
+    pay_factor: float = 1.0  # condition 4 asks gain > pay_factor x cost: room for forecast error
+    prefill_first: bool = True  # a short prefill is fed first, from decode even when decode is short (see above)
 
     def __post_init__(self) -> None:
         for name in ("min_dwell_s", "hysteresis", "short_margin", "dwell_switch_costs"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be finite and >= 0, got {value}")
+        if not (math.isfinite(self.pay_factor) and self.pay_factor >= 1):
+            raise ValueError(f"pay_factor must be finite and >= 1, got {self.pay_factor}")
         if self.lookahead_horizons < 1:
             raise ValueError(f"lookahead_horizons must be >= 1, got {self.lookahead_horizons}")
         if self.min_prefill < 0 or self.min_decode < 0:
@@ -90,17 +100,26 @@ class PlanContext:
     """What the planner needs beyond Eq. 1's allocation (the controller fills it in)."""
 
     horizon_s: float
-    prefill_demand: tuple[float, ...]  # instances needed per lookahead window (window 0 = the coming horizon)
+    prefill_demand: tuple[float, ...]  # instances' worth of work arriving per lookahead window (0 = the coming one)
     decode_demand: tuple[float, ...]
     costs: Mapping[str, SwitchCost] = field(default_factory=dict)  # per instance; missing ones get default costs
     paused: bool = False
+    prefill_backlog: float = 0.0  # instances' worth of work already waiting: served once, carried until served
+    decode_backlog: float = 0.0
+    # Extra prefill work per window (instances) for each prefill instance removed: prefix hits lost because the
+    # remaining instances' caches cannot hold the working set (controller._cache_loss).
+    prefill_cache_loss: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.prefill_demand or len(self.prefill_demand) != len(self.decode_demand):
             raise ValueError("prefill_demand and decode_demand need the same, non-zero number of windows")
 
-    def demand(self, role: Role) -> tuple[float, ...]:
-        return self.prefill_demand if role is Role.PREFILL else self.decode_demand
+    def demand(self, role: Role, removed: int = 0) -> Demand:
+        """``role``'s demand, after ``removed`` of its instances left (prefill loses cache hits: more work)."""
+        if role is Role.PREFILL:
+            extra = removed * self.prefill_cache_loss
+            return Demand(tuple(r + extra for r in self.prefill_demand), self.prefill_backlog)
+        return Demand(tuple(self.decode_demand), self.decode_backlog)
 
     @classmethod
     def from_allocation(cls, allocation: Allocation, horizon_s: float, windows: int) -> PlanContext:
@@ -188,7 +207,7 @@ class SwitchPlanner:
             context = PlanContext.from_allocation(allocation, 10.0, cfg.lookahead_horizons)
         current = role_counts(reports)
         target = {Role.PREFILL: allocation.n_prefill, Role.DECODE: allocation.n_decode}
-        now_demand = {r: context.demand(r)[0] for r in Role}
+        now_demand = {r: context.demand(r).windows(current[r])[0] for r in Role}
         coverage = {r: _coverage(current[r], now_demand[r]) for r in Role}
         base = SwitchPlan(switches=(), current=current, target=target, coverage=coverage,
                           current_coverage=coverage_of(current[Role.PREFILL], current[Role.DECODE],
@@ -200,14 +219,15 @@ class SwitchPlanner:
 
         minimum = {Role.PREFILL: cfg.min_prefill, Role.DECODE: cfg.min_decode}
         below_min = [r for r in Role if current[r] < minimum[r]]
-        worst = {r: min(_coverage(current[r], d) for d in context.demand(r)) for r in Role}
+        worst = {r: context.demand(r).coverage(current[r]) for r in Role}
         if below_min:
             dst = below_min[0]
         elif cfg.need_based:
             short = [r for r in Role if worst[r] < 1 + cfg.short_margin]
             if not short:
                 return dataclasses.replace(base, hold_reason=NO_ROLE_SHORT)
-            dst = min(short, key=lambda r: (worst[r], r.value))
+            # Stages in series: prefill feeds decode, so a short prefill comes first.
+            dst = Role.PREFILL if Role.PREFILL in short and cfg.prefill_first else short[0]
         else:
             dst = next((r for r in Role if current[r] < target[r]), None)
             if dst is None:
@@ -228,7 +248,7 @@ class SwitchPlanner:
         candidates.sort(key=lambda r: (costs[r.instance_id].total_gpu_s, r.load(), r.instance_id))
         # Need includes the margin: headroom up to coverage 1 + short_margin is worth having (KV growth, forecast
         # error), beyond it capacity serves nothing.
-        need = {r: tuple(d * (1 + cfg.short_margin) for d in context.demand(r)) for r in Role}
+        need = {r: context.demand(r).scaled(1 + cfg.short_margin) for r in Role}
         n = dict(base.current)
         switches: list[Switch] = []
         considered: list[Considered] = []
@@ -246,15 +266,22 @@ class SwitchPlanner:
                 break
             ids = tuple(r.instance_id for r in group)
             cost = sum(costs[i].total_gpu_s for i in ids)
-            gain = move_gain_gpu_s(n[src], n[dst], len(group), 1, need[src], need[dst], gpus[src], gpus[dst],
-                                   context.horizon_s)
+            # Feeding a short prefill from decode: decode capacity beyond what prefill can feed it serves nothing,
+            # so decode's loss is not counted (its slot demand is a queue prefill keeps filling, not a flow).
+            upstream = cfg.prefill_first and cfg.need_based and dst is Role.PREFILL and \
+                context.demand(Role.PREFILL).coverage(n[dst]) < 1 + cfg.short_margin
+            gain = move_gain_gpu_s(n[src], n[dst], len(group), 1, need[src] if not upstream else Demand(
+                (0.0,) * len(need[src].rates)), need[dst], gpus[src], gpus[dst], context.horizon_s)
+            waste = len(group) * (context.prefill_cache_loss if src is Role.PREFILL else 0.0)
+            if waste > 0:  # prefill that lost its hits recomputes them: work that serves no one
+                gain -= waste * len(need[src].rates) * context.horizon_s * gpus[src] * (1 + cfg.short_margin)
             forced = n[dst] < minimum[dst]
             verdict = ACCEPTED
             if n[src] - len(group) < minimum[src]:
                 verdict = DONOR_AT_MINIMUM
-            elif not forced and cfg.hysteresis > 0 and not self._clears_band(n, src, dst, len(group), context):
+            elif not forced and cfg.need_based and not upstream and not self._clears_band(n, src, len(group), context):
                 verdict, held_by_band = WITHIN_BAND, True
-            elif not forced and cfg.cost_aware and gain <= cost:
+            elif not forced and cfg.cost_aware and gain <= cfg.pay_factor * cost:
                 verdict = COST_EXCEEDS_GAIN
             considered.append(Considered(ids, src, dst, gain, cost, verdict == ACCEPTED, verdict))
             if verdict != ACCEPTED:
@@ -266,7 +293,7 @@ class SwitchPlanner:
             n[src] -= len(group)
             n[dst] += 1
             if cfg.need_based and not (n[dst] < minimum[dst]) and \
-                    min(_coverage(n[dst], d) for d in context.demand(dst)) >= 1 + cfg.short_margin:
+                    context.demand(dst).coverage(n[dst]) >= 1 + cfg.short_margin:
                 break  # no longer short: spare capacity stays where it is
         moved = n[dst] - base.current[dst]
         missing = max(0, base.target[dst] - base.current[dst])
@@ -277,11 +304,10 @@ class SwitchPlanner:
             if reason == NO_ELIGIBLE else 0, new_instances=moved,
             shortfall=max(0, missing - moved) if reason is not None else 0)
 
-    def _clears_band(self, n: dict[Role, int], src: Role, dst: Role, removed: int, context: PlanContext) -> bool:
-        """Absolute hysteresis: the donor's worst coverage after the move >= the receiver's worst before + band."""
-        donor_after = min(_coverage(n[src] - removed, d) for d in context.demand(src))
-        receiver_before = min(_coverage(n[dst], d) for d in context.demand(dst))
-        return donor_after >= receiver_before + self.config.hysteresis
+    def _clears_band(self, n: dict[Role, int], src: Role, removed: int, context: PlanContext) -> bool:
+        """Condition 2: the donor's worst coverage after the move stays >= 1 + short_margin + hysteresis."""
+        cfg = self.config
+        return context.demand(src, removed).coverage(n[src] - removed) >= 1 + cfg.short_margin + cfg.hysteresis
 
     def _eligible(self, reports: Sequence[InstanceReport], role: Role, now: float) -> tuple[list[InstanceReport], int]:
         """Active instances of ``role`` past their dwell time, least loaded first; and how many dwell held back."""

@@ -45,6 +45,9 @@ class ThetaSample:
     new_tokens: int  # prompt tokens computed in the interval (prefix hits excluded)
     cached_tokens: int  # prompt tokens served from the prefix cache
     requests: int  # requests whose prefill completed in the interval
+    # Busy instance-seconds. An instance with several attention-DP ranks (one scheduler each) should report the sum
+    # of its ranks' busy seconds over the rank count: wall time would count one busy rank as a fully busy instance
+    # and make θ the speed of one rank at light load.
     busy_seconds: float
 
     def __post_init__(self) -> None:

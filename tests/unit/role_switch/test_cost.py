@@ -51,3 +51,12 @@ def test_bad_config_names_the_field():
         CostConfig(cache_reuse_fraction=1.5)
     with pytest.raises(ValueError, match="default_switch_s"):
         CostConfig(default_switch_s=-1)
+
+
+def test_only_hits_that_would_happen_are_lost():
+    # 10M tokens cached, but the instance would serve only 200k hits over the lookahead: those are the loss
+    report = InstanceReport("p0", P, gpus=16, prefix_cache_tokens=10_000_000)
+    capped = switch_cost(report, CostConfig(), refill_seconds_per_token=1e-5, prefill_gpus=16, reusable_tokens=2e5)
+    assert capped.refill_gpu_s == pytest.approx(2e5 * 1e-5 * 16)
+    uncapped = switch_cost(report, CostConfig(), refill_seconds_per_token=1e-5, prefill_gpus=16)
+    assert uncapped.refill_gpu_s == pytest.approx(1e7 * 1e-5 * 16)

@@ -114,14 +114,21 @@ def test_dwell_is_several_switch_costs():
 
 
 def test_absolute_hysteresis_band():
-    # a = 4, b = 3.4, G = 8: current (5, 3) covers decode 3/3.4 = 0.882. Moving one prefill leaves it 4/4 = 1.0.
+    # a = 3.3, b = 3.4, G = 8, current (5, 3): decode short (3 / 3.4). One prefill leaves prefill 4 / 3.3 = 1.21.
     reports = [prefill(f"p{i}", i) for i in range(5)] + [decode(f"d{i}", i) for i in range(3)]
-    alloc = target(4, 3.4, 8)
+    alloc = target(3.3, 3.4, 8)
     assert (alloc.n_prefill, alloc.n_decode) == (4, 4)
-    wide = SwitchPlanner(PlannerConfig(min_dwell_s=0.0, hysteresis=0.2)).plan(reports, alloc, now=0.0)
-    assert wide.switches == () and wide.held_by_hysteresis and wide.hold_reason == WITHIN_BAND  # 1.0 < 0.882 + 0.2
+    wide = SwitchPlanner(PlannerConfig(min_dwell_s=0.0, hysteresis=0.15)).plan(reports, alloc, now=0.0)
+    assert wide.switches == () and wide.held_by_hysteresis and wide.hold_reason == WITHIN_BAND  # 1.21 < 1.1 + 0.15
     narrow = SwitchPlanner(PlannerConfig(min_dwell_s=0.0, hysteresis=0.1)).plan(reports, alloc, now=0.0)
-    assert moved(narrow) == ["p0"]  # 1.0 >= 0.882 + 0.1
+    assert moved(narrow) == ["p0"]  # 1.21 >= 1.1 + 0.1
+
+
+def test_a_short_role_never_donates():
+    # a = 4, b = 3.4 on (5, 3): moving a prefill instance would leave prefill exactly covered (4 / 4 = 1.0 < 1.1)
+    reports = [prefill(f"p{i}", i) for i in range(5)] + [decode(f"d{i}", i) for i in range(3)]
+    plan = SwitchPlanner(PlannerConfig(min_dwell_s=0.0, hysteresis=0.0)).plan(reports, target(4, 3.4, 8), now=0.0)
+    assert plan.switches == () and plan.hold_reason == WITHIN_BAND
 
 
 def test_no_switch_unless_a_role_is_short():

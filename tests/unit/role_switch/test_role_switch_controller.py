@@ -124,7 +124,26 @@ def test_known_burst_is_met_ahead():
         ControlInputs(15_000, 0, burst_prefill_tokens=30_000, burst_in_s=12.0), small_cluster(2, 2, kv_used=25_000))
     assert burst.demand["windows"]["prefill"] == pytest.approx([1.5, 4.5, 1.5])
     assert [(s.instance_id, s.dst) for s in burst.plan.switches] == [("d0", P)]
-    assert burst.plan.considered[0].gain_gpu_s == pytest.approx(10.0)  # only window 1 needs the third instance
+    # with the 10 % margin prefill needs 1.65, 4.95, 1.65; two instances leave 2.95 of the burst for window 2
+    # (1.65 + 2.95 = 4.6), three leave 1.95 (3.6): the third instance serves one more in windows 1 and 2 = 20 GPU-s
+    assert burst.plan.considered[0].gain_gpu_s == pytest.approx(20.0)
+
+
+def test_a_backlog_counts_once():
+    # 1 prefill + 3 decode; Ŵ^P = 60k tokens at 1000 tok/s over 10 s: a = 6. Read as a rate (no backlog given) it
+    # recurs every window; as a backlog it is served once: a second prefill instance clears 1 more per window until
+    # the backlog (6.6 with the margin) is gone.
+    rate = RoleSwitchController(ControllerConfig(), flat_theta(), ManualClock(0.0)).tick(
+        ControlInputs(60_000, 0, decode_requests_forecast=0), small_cluster(1, 3))
+    once = RoleSwitchController(ControllerConfig(), flat_theta(), ManualClock(0.0)).tick(
+        ControlInputs(60_000, 0, prefill_backlog_tokens=60_000, decode_requests_forecast=0), small_cluster(1, 3))
+    assert once.demand["prefill_backlog"] == pytest.approx(6.0)
+    assert rate.plan.considered[0].gain_gpu_s == pytest.approx(30.0)  # 3 windows x 10 s x 1 instance
+    assert once.plan.considered[0].gain_gpu_s == pytest.approx(30.0)  # 6.6 outlasts the 3 windows with 1 or 2
+    # the third instance: as a rate it serves one more each window (30); as a backlog, 2 instances clear 6 of 6.6 and
+    # 3 clear all of it: only 0.6 more (6 GPU-s)
+    assert rate.plan.considered[1].gain_gpu_s == pytest.approx(30.0)
+    assert once.plan.considered[1].gain_gpu_s == pytest.approx(6.0)
 
 
 def test_slot_demand_counts_waiting_decode_requests():

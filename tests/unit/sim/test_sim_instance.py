@@ -148,7 +148,7 @@ def test_prefill_instance_caches_prompts_and_reports_busy_intervals():
     inst.add_prefill(req(2, 1000, 1), 0, 0.0)
     run(inst)
     assert [rid for rid, _ in log.prefilled] == [1, 2]
-    assert log.intervals == [(1000 + 1000, 500, 2, pytest.approx(0.2))]
+    assert log.intervals == [(1000 + 1000, 500, 2, pytest.approx(0.2))]  # one rank of one: wall time
     assert inst.cached_tokens(0, "traj1") == 1500 and inst.n_requests == 0
 
 

@@ -58,7 +58,7 @@ def test_transfer_kv_capacity_and_theta():
     assert perf.transfer_s(2_000_000) == pytest.approx(1.0)
     assert perf.transfer_s(0) == 0.0
     assert perf.kv_tokens_per_instance == 20_000
-    assert perf.max_running_per_instance == 2 * 64
+    assert perf.max_running_per_instance == 2 * 16
     assert perf.profiled_theta(1000) == pytest.approx(2 * 1000 / perf.prefill_request_s(1000))
     assert perf.switch_s == 5.0
 
@@ -109,5 +109,5 @@ def test_mimo_kv_is_consistent_with_table_1():
 
 def test_assumed_parameters_are_listed():
     assumed = assumed_parameters(load_model("mimo_v25_pro"))
-    assert "max_running_per_rank" in assumed and "kv_bytes_per_token" in assumed
+    assert "kv_bytes_per_token" in assumed and "max_running_per_rank" not in assumed  # Table 1: 16 per rank
     assert "kv_tokens_per_rank" not in assumed  # sourced from Table 1
