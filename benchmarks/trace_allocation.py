@@ -10,8 +10,9 @@ Both runs see identical forecasts; one uses the paper's planner as written (no g
 planner (need-based, absolute hysteresis band, dwell of several switch costs, cost vs gain; planner.py). Reported per
 run: switches; flaps (switches that undo a switch of the opposite direction made less than 60 s before, on any
 instance); instance-seconds offline for switching; and the demand-coverage deficit Σ_t max(0, demand − active
-instances) per role, integrated over 1 s steps. The comparison is repeated over 20 noise seeds, also with each of the
-guard's conditions turned off in turn.
+instances) per role, integrated over 1 s steps; their sum is the instance-seconds of demand left unserved, one way
+or the other. The comparison is repeated over 20 noise seeds, also with each of the guard's conditions turned off in
+turn.
 
     python benchmarks/trace_allocation.py [--seeds 20]
 Writes benchmarks/results/allocation_trace.png.
@@ -162,6 +163,8 @@ def main() -> None:
             "switches": [r.switches for r in many],
             "flaps": [r.flaps for r in many],
             "deficit": [sum(r.deficit.values()) for r in many],
+            "offline": [r.switch_instance_s for r in many],
+            "deficit+offline": [sum(r.deficit.values()) + r.switch_instance_s for r in many],
         }
         print("  " + f"{name:>15}: " + "  ".join(
             f"{k}={statistics.fmean(v):6.1f}±{statistics.stdev(v):4.1f}" for k, v in stats.items()))

@@ -12,8 +12,9 @@ GPU idle ratios (all over the GPU time of busy iterations, i.e. idle + work insi
 Switches: ``switches_per_step`` counts them per training step; each executed switch carries the gain the planner
 expected and its cost, and ``realised_gain_gpu_s``: the same gain formula (cost.py) evaluated with the *measured*
 demand of each following horizon (observed backlog + the arrivals that really came, from the predictor's accuracy
-windows; decode KV now + the admissions that really came) over the planner's lookahead. A switch "paid" when that
-realised gain exceeded its cost.
+windows; decode KV now + the admissions that really came) over the planner's lookahead, with the planner's own rule
+that decode capacity taken to feed a short prefill is no loss. A switch "paid" when that realised gain exceeded its
+cost.
 """
 
 from __future__ import annotations
@@ -151,6 +152,8 @@ def realised_gains(executed: list[dict], decisions: list[dict], windows: list[di
             dst, src = s["to"], s["from"]
             gained = (served(n[dst], need[dst]) - served(n[dst] - 1, need[dst])) * gpus[dst]
             lost = (served(n[src] + 1, need[src]) - served(n[src], need[src])) * gpus[src]
+            if dst == "prefill" and n[dst] - 1 < need[dst]:
+                lost = 0.0  # the planner's rule: a short prefill starves decode anyway (planner.py, prefill_first)
             gain += horizon_s * (gained - lost)
         out.append(s | {"realised_gain_gpu_s": gain, "paid": gain > s["cost_gpu_s"]})
     return out

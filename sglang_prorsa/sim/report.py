@@ -40,7 +40,7 @@ def markdown(result: dict, model: str, assumed: dict[str, str], paper: dict[str,
              f"Produced by `python benchmarks/bench_sim_grid.py {' '.join(_cli(result))}` "
              f"({result.get('wall_s', 0):.0f} s wall). Step times are means over seeds of each run's steady step "
              "time (asynchronous runs leave out their first step). Best static = the fastest of *every* static "
-             "ratio, chosen per cell and load. GPU-bound = the best static step time grew >= 1.6x over half the "
+             "ratio, chosen per cell and load. GPU-bound = the best static step time grew >= 1.5x over half the "
              "load.", ""]
     rows = result.get("rows") or []
     if rows:

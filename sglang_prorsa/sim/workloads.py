@@ -7,9 +7,9 @@ several skills at once, and they make the prefill:decode mix shift inside a step
 then decodes for minutes; an agent group alternates short decodes with long-context prefills for as long as its tools
 run. The shifting-mix benchmark uses them (bench_sim_grid.py ``--shift``).
 
-``research_agent`` is one task of our own, shaped after deep-research agents: a long planning answer first (decode
-heavy), then many retrieval turns that append large documents and answer briefly (prefill heavy). Its numbers are
-ASSUMED, like the presets'; it exists to test a within-trajectory shift, not to claim a measured workload.
+``research_agent`` and ``document_agent`` are tasks of our own, shaped after deep-research / long-document agents:
+retrieval turns that append large documents and answer briefly (prefill heavy). Their numbers are ASSUMED, like the
+presets'; they exist to test a shifting mix, not to claim a measured workload.
 """
 
 from __future__ import annotations
@@ -36,7 +36,27 @@ RESEARCH_AGENT = TaskProfile(
     accept_rate=0.8,
 )
 
-SIM_TASKS: dict[str, TaskProfile] = {**TASKS, RESEARCH_AGENT.name: RESEARCH_AGENT}
+# A long-document agent: every turn reads a large document (tool result ~10k tokens) and answers briefly, for many
+# turns, so its context (and the prefill a prefix-cache miss costs) grows turn after turn. Mixed with math, whose
+# requests all arrive at the step's start and decode for minutes, the step goes from decode-bound to prefill-bound.
+DOCUMENT_AGENT = TaskProfile(
+    name="document_agent",
+    turns=LogNormal(16, 0.2, 8, 30),
+    first_prompt_tokens=LogNormal(3000, 0.3, 500, 8000),
+    output_tokens=LogNormal(200, 0.5, 20, 2000),
+    tools=(ToolSpec("read", 1.0, LogNormal(30.0, 0.3, 5, 120), LogNormal(10000, 0.3, 2000, 30000)),),
+    agent_overhead_s=LogNormal(0.2, 0.5, 0.02, 5),
+    uses_sandbox=True,
+    prewarm_hit_rate=0.9,
+    prewarm_start_s=LogNormal(1.5, 0.4, 0.2, 20),
+    cold_start_s=LogNormal(20.0, 0.4, 3, 120),
+    dispatch_s=LogNormal(0.3, 0.5, 0.02, 5),
+    first_request_s=LogNormal(0.3, 0.5, 0.02, 5),
+    reward_s=LogNormal(5.0, 0.5, 1, 60),
+    accept_rate=0.8,
+)
+
+SIM_TASKS: dict[str, TaskProfile] = {**TASKS, RESEARCH_AGENT.name: RESEARCH_AGENT, DOCUMENT_AGENT.name: DOCUMENT_AGENT}
 
 
 def workload_tasks(name: str) -> list[TaskProfile]:
