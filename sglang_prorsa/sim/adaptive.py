@@ -8,7 +8,8 @@ Calls, in the order a deployment makes them:
 * prefill busy intervals of each prefill instance -> ``RoleSwitchController.observe(ThetaSample)`` (θ model);
 * every S seconds: ``cp.tick()`` (refresh + accuracy window), the forecast, instance reports, then
   ``RoleSwitchController.tick(ControlInputs(Ŵ^P, K̂^D, ...), reports)``; each planned switch is executed by the
-  cluster (Appendix C). A weight update gets an extra tick at once (the trainer knows when it pushes weights).
+  cluster (Appendix C). (An extra tick at each weight update made more switches and no faster steps: the burst of
+  re-prefill is better met by the next scheduled tick, with its backlog counted once.)
 
 g(x) for the predictor (B.7) is built here, not in the predictor: the time of one request of x full-prompt tokens on a
 prefill instance, with the prefix-cache hit a request of that length gets under the cluster's routing (sampled from

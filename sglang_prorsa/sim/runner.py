@@ -42,8 +42,6 @@ def simulate(model: ModelConfig, cluster_cfg: ClusterConfig, rollout: RolloutCon
     cluster = Cluster(cluster_cfg, model, rollout, events, trainer, lifecycle)
     timeline: list[TimelinePoint] = []
     steps_seen = [0]
-    if driver is not None and not rollout.synchronous:
-        trainer.on_step_end = lambda t: events.at(t, lambda t1: driver.tick(t1, cluster, scheduled=False))
 
     def every_horizon(t: float) -> None:
         if driver is not None:

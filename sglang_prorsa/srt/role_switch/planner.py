@@ -21,7 +21,9 @@ Within that bound a switch is made only when all of these hold:
   3. dwell: an instance keeps a new role at least max(``min_dwell_s``, ``dwell_switch_costs`` × its switch time);
   4. pays: the GPU-seconds of needed service gained over ``lookahead_horizons`` horizons exceed the switch's cost
      (downtime, migration of its decode KV, re-prefill of the prefix cache it drops; cost.py). "Needed" counts demand
-     with the same margin, d·(1 + ``short_margin``), so conditions 1 and 4 agree on what short means.
+     with the same margin, d·(1 + ``short_margin``), so conditions 1 and 4 agree on what short means. When only the
+     receiver's backlog needs the instance (its steady arrivals fit the instances it has, e.g. the re-prefill after a
+     weight update), the cost counts twice: the instance will have to switch back.
 
 Candidates are taken cheapest first (lowest cost, then least loaded: the paper's choice when costs tie), one move at a
 time, until the receiver is no longer short, the target is reached or a condition fails. A role below its configured
@@ -266,6 +268,8 @@ class SwitchPlanner:
                 break
             ids = tuple(r.instance_id for r in group)
             cost = sum(costs[i].total_gpu_s for i in ids)
+            if need[dst].backlog > 0 and need[dst].rates[-1] <= n[dst]:
+                cost *= 2  # only a backlog needs it (the steady arrivals fit): the way back will be paid too
             # Feeding a short prefill from decode: decode capacity beyond what prefill can feed it serves nothing,
             # so decode's loss is not counted (its slot demand is a queue prefill keeps filling, not a flow).
             upstream = cfg.prefill_first and cfg.need_based and dst is Role.PREFILL and \

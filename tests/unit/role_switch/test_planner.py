@@ -1,5 +1,7 @@
 """Switch planner: the paper's rule (unguarded) and the guarded one: need, absolute band, dwell, cost vs gain."""
 
+import dataclasses
+
 import pytest
 
 from hypothesis import given, settings
@@ -171,6 +173,21 @@ def test_refuses_a_switch_whose_cost_exceeds_its_gain():
     cheap = planner.plan(reports, alloc, 0.0, context(4.2, 1, {f"d{i}": flat_cost(f"d{i}", 10.0) for i in range(4)}))
     assert moved(cheap) == ["d0"] and cheap.hold_reason is None
     assert cheap.switches[0].gain_gpu_s == pytest.approx(18.6) and cheap.considered[0].reason == ACCEPTED
+
+
+def test_a_backlog_only_need_pays_the_way_back():
+    # Prefill steady arrivals 0.5 per window fit its 1 instance; a backlog of 3 needs more for a while. The move's
+    # cost counts twice (it will switch back). Need with margin: 0.55/window + 3.3 backlog; 1 instance serves 3 of
+    # 4.95 over 3 windows, 2 serve 4.95: gain 1.95 x 10 s x 1 GPU = 19.5.
+    reports = [prefill("p0", 0)] + [decode(f"d{i}", 0) for i in range(3)]
+    ctx = PlanContext(10.0, (0.5,) * 3, (0.2,) * 3, {f"d{i}": flat_cost(f"d{i}", 6.0) for i in range(3)},
+                      prefill_backlog=3.0)
+    plan = SwitchPlanner(PlannerConfig()).plan(reports, target(3.5, 0.2, 4), 0.0, ctx)
+    first = plan.considered[0]
+    assert first.gain_gpu_s == pytest.approx(19.5) and first.cost_gpu_s == pytest.approx(12.0) and first.accepted
+    dear = {f"d{i}": flat_cost(f"d{i}", 10.0) for i in range(3)}  # 2 x 10 > 19.5: refused
+    plan = SwitchPlanner(PlannerConfig()).plan(reports, target(3.5, 0.2, 4), 0.0, dataclasses.replace(ctx, costs=dear))
+    assert plan.switches == () and plan.hold_reason == COST_EXCEEDS_GAIN
 
 
 def test_cheapest_instance_goes_first():
