@@ -85,7 +85,8 @@ def _run(job_args: tuple[Job, dict]) -> tuple[Job, dict]:
     out = result.to_dict()
     out["cpu_s"] = time.process_time() - cpu0
     steps = result.step_times_s[warm:] if len(result.step_times_s) > warm else result.step_times_s
-    out["steady_step_s"] = statistics.fmean(steps) if steps and result.steps_done == rollout.steps else float("inf")
+    steady = statistics.fmean(steps) if steps and result.steps_done == rollout.steps else float("inf")
+    out["steady_step_s"] = steady if steady > 0 else float("nan")  # steps ending together (drops) measure nothing
     if not job.keep_series:
         out["timeline"], out["windows"] = [], []
     return job, out
@@ -125,17 +126,18 @@ def summarise(runs: dict[Job, dict], preset: str, staleness: int, groups: int, s
 
     mean = lambda rs: statistics.fmean(r["steady_step_s"] for r in rs)  # noqa: E731
     statics = {p: mean(of("static", p)) for p in ratios}
-    best = min(statics, key=statics.get)
+    best = min(statics, key=lambda p: statics[p] if statics[p] == statics[p] else float("inf"))  # NaN last
     colo, adaptive, best_runs = of("colocated"), of("adaptive"), of("static", best)
-    per_seed = [a["steady_step_s"] / b["steady_step_s"] for a, b in zip(adaptive, best_runs)]
+    per_seed = [a["steady_step_s"] / b["steady_step_s"] if b["steady_step_s"] > 0 else float("nan")
+                for a, b in zip(adaptive, best_runs)]
     steps = [len(r["step_times_s"]) for r in adaptive]
     return {
         "preset": preset, "staleness": staleness, "groups": groups, "seeds": len(seeds), "decode_shape": shape,
         "colocated_s": mean(colo), "best_static": f"{best}:{best_runs[0]['decode_instances']}",
         "best_static_prefill": best, "best_static_s": statics[best], "adaptive_s": mean(adaptive),
-        "adaptive_over_best": mean(adaptive) / statics[best],
+        "adaptive_over_best": mean(adaptive) / statics[best] if statics[best] > 0 else float("nan"),
         "adaptive_over_best_seeds": per_seed,
-        "adaptive_over_colocated": mean(adaptive) / mean(colo),
+        "adaptive_over_colocated": mean(adaptive) / mean(colo) if mean(colo) > 0 else float("nan"),
         "statics": {str(p): v for p, v in statics.items()},
         "switches_per_step": statistics.fmean(r["switches"] / max(n, 1) for r, n in zip(adaptive, steps)),
         "switches": statistics.fmean(r["switches"] for r in adaptive),
@@ -194,6 +196,7 @@ def run_grid(args, opts: dict) -> dict:
             jobs += cell_jobs(p, k, g, seeds, ratios, keep=top)
             plan.append((p, k, g))
     runs = _map(jobs, opts, f"{args.model} grid")
+    _checkpoint(args.out / "runs_grid.json", runs)
     rows = [summarise(runs, p, k, g, seeds, ratios) for p, k, g in plan]
     mark_gpu_bound(rows)
     series = {f"{j.preset}/{'sync' if j.staleness == 0 else f'stale{j.staleness}'}": r
@@ -210,6 +213,25 @@ def run_shift(args, opts: dict) -> list[dict]:
     jobs = [j for w, k, g in SHIFT for j in cell_jobs(w, k, g, seeds, ratios)]
     runs = _map(jobs, opts, f"{args.model} shifting mix")
     return [summarise(runs, w, k, g, seeds, ratios) for w, k, g in SHIFT]
+
+
+WIDE = (("coding_agent", 0, 32), ("coding_agent", 2, 12))
+
+
+def run_wide(args, opts: dict) -> list[dict]:
+    """Stage-specific parallelism (§3.2, §5.3): decode instances at the model's wide shape (EP32 for MiMo)."""
+    model = load_model(args.model)
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    ratios = static_ratios(model, ClusterConfig(gpus=args.gpus, mode="static", decode_shape="wide"))
+    jobs = [j for w, k, g in WIDE for j in cell_jobs(w, k, g, seeds, ratios, shape="wide")]
+    runs = _map(jobs, opts, f"{args.model} wide decode")
+    return [summarise(runs, w, k, g, seeds, ratios, shape="wide") for w, k, g in WIDE]
+
+
+def _checkpoint(path: Path, runs: dict[Job, dict]) -> None:
+    """Every run's result, before any summary can fail on it."""
+    path.write_text(json.dumps([dataclasses.asdict(j) | {"result": _slim(j, r)} for j, r in runs.items()],
+                               default=str))
 
 
 def _slim(job: Job, r: dict) -> dict:
@@ -270,12 +292,13 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sync-steps", type=int, default=1)
-    ap.add_argument("--async-measured", type=int, default=3,
+    ap.add_argument("--async-measured", type=int, default=4,
                     help="async steps averaged after the staleness + 1 warm-up steps")
     ap.add_argument("--max-sim-s", type=float, default=4 * 3600.0)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--shift", action="store_true", help="also run the shifting-mix experiment")
     ap.add_argument("--shift-only", action="store_true")
+    ap.add_argument("--wide", action="store_true", help="also run coding with stage-specific (wide) decode instances")
     ap.add_argument("--no-speed", action="store_true")
     ap.add_argument("--speed-only", action="store_true")
     ap.add_argument("--speed-repeats", type=int, default=3)
@@ -301,6 +324,9 @@ def main() -> None:
     if args.shift or args.shift_only:
         result["shift"] = run_shift(args, opts)
         print_rows(f"{args.model}: shifting mix (mean over {args.seeds} seeds)", result["shift"])
+    if args.wide:
+        result["wide"] = run_wide(args, opts)
+        print_rows(f"{args.model}: decode at the wide shape (mean over {args.seeds} seeds)", result["wide"])
     if not (args.no_speed or args.shift_only):
         result["speed"] = measure_speed(args)
     result["wall_s"] = time.perf_counter() - started
