@@ -113,6 +113,7 @@ class ControlPlaneDriver:
         self._buffer: list[tuple[float, int, LifecycleEvent]] = []
         self._seq = itertools.count()
         self._aborted: dict[str, float] = {}
+        self._last_ingested = -math.inf
         self.windows: list[WindowRecord] = []
         self.decisions: list[dict] = []
         self.executed: list[dict] = []  # one per switch: time, instance, roles, estimated gain and cost
@@ -161,6 +162,7 @@ class ControlPlaneDriver:
     def _ingest(self, batch: list[LifecycleEvent]) -> None:
         if batch[-1].ts > self.clock.now():
             self.clock.set(batch[-1].ts)
+        self._last_ingested = batch[-1].ts
         self.cp.ingest(batch)
 
     # ----- every S -----
@@ -176,9 +178,11 @@ class ControlPlaneDriver:
             recent = self.cp.predictor.accuracy.recent
             if recent and (not self.windows or self.windows[-1] is not recent[-1]):
                 self.windows.append(recent[-1])
-        # A fresh forecast over everything applied so far: events stamped exactly now (a step's launch) may have
-        # been ingested after this horizon's refresh.
-        forecast = self.cp.forecast()
+        # The refresh's forecast covers every event ingested before it; events stamped exactly at its time (a step's
+        # launch) may have been applied after it, and then a fresh one is needed.
+        forecast = self.cp.predictor.latest
+        if forecast is None or self._last_ingested >= forecast.t:
+            forecast = self.cp.forecast()
         reports = self.reports(cluster)
         untracked = cluster.untracked_prefill_tokens()
         requests = forecast.decode_admission_tokens / (self._prompt_sum / self._prompts)  # predicted admissions

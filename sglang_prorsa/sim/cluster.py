@@ -206,7 +206,8 @@ class Cluster:
     def _try_place(self, req: Request, t: float) -> bool:
         best, best_key = None, None
         for inst in self.instances:
-            if inst.role is not Role.DECODE or inst.status is not InstanceStatus.ACTIVE:
+            if inst.role is not Role.DECODE or inst.status is not InstanceStatus.ACTIVE or \
+                    inst.n_requests >= inst.slots * len(inst.ranks):  # every slot taken (queues form only then)
                 continue
             for k, rs in enumerate(inst.ranks):
                 if inst.fits(rs, req.context):

@@ -33,52 +33,15 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from sglang_prorsa.sim.perf_model import PerfModel
-from sglang_prorsa.sim.prefix_cache import PrefixCache
+from sglang_prorsa.sim.requests import Rank, Request
 from sglang_prorsa.srt.role_switch.capacity import InstanceStatus, Role
 
+__all__ = ["INF", "Instance", "Rank", "Request"]
+
 INF = math.inf
-
-
-@dataclass(slots=True, eq=False)
-class Request:
-    """One model call of a trajectory. ``done`` counts prompt tokens already in KV (cached prefix + chunks)."""
-
-    rid: int
-    owner: object  # the trajectory run that receives the completion callbacks (also its prefix-cache key)
-    prompt: int  # x: full prompt length
-    done: int  # prefill progress (starts at the cached prefix)
-    output: int  # tokens to generate in all
-    generated: int = 0  # while running, tokens generated before joining the batch (see Rank.steps)
-    joined_step: int = 0  # the rank's decode step when it joined the running batch
-    untracked: bool = False  # a re-prefill the lifecycle API cannot report (weight update)
-    rank: int = -1
-    finish_step: int = 0
-    cached: int = 0  # prefix-cache hit when it was queued (θ samples count it as cached, not computed)
-
-    @property
-    def context(self) -> int:
-        return self.prompt + self.generated
-
-
-@dataclass(slots=True)
-class Rank:
-    prefill: deque = field(default_factory=deque)
-    prefill_left: int = 0  # tokens still to prefill over the whole queue
-    running: dict = field(default_factory=dict)  # rid -> Request
-    finish_heap: list = field(default_factory=list)  # (finish step, rid)
-    steps: int = 0  # decode steps done: a running request finishes at step ``finish_step``
-    context: int = 0  # KV tokens of the running batch (grows one per request per step)
-    reserved: int = 0  # KV of admitted requests not running yet (colocated: prefilling; decode: in transfer)
-    pending: int = 0  # how many requests ``reserved`` holds (they take batch slots)
-    admit: deque = field(default_factory=deque)  # waiting for a slot and KV room
-    parked: deque = field(default_factory=deque)  # retracted with a CPU backup of their KV (PD decode)
-    cache: PrefixCache = field(default_factory=PrefixCache)
-    nic_free: float = 0.0  # when this rank's NICs finish the transfers queued on them
 
 
 class Instance:
@@ -210,6 +173,8 @@ class Instance:
         req.finish_step = rs.steps + max(1, req.output - req.generated)
         rs.running[req.rid] = req
         heapq.heappush(rs.finish_heap, (req.finish_step, req.rid))
+        if req.finish_step > rs.finish_max:
+            rs.finish_max = req.finish_step
         rs.context += req.context
 
     def fits(self, rs: Rank, tokens: int) -> bool:
@@ -284,7 +249,7 @@ class Instance:
                 if k_exact > k_max:
                     k_exact = k_max
                 elif quantum > 0 and k_max > k_exact:
-                    k_max = min(k_max, max(f for f, _ in rs.finish_heap) - rs.steps)
+                    k_max = min(k_max, rs.finish_max - rs.steps)
             else:
                 ops.append(0)
                 times.append(0.0)
@@ -400,6 +365,8 @@ class Instance:
             if self.role is None:  # colocated: the finished sequence stays in the radix cache
                 rs.cache.put(req.owner, req.context, self.room(rs))
         if freed:
+            if not heap:
+                rs.finish_max = 0
             self._admit(rs, self.t)
 
     def _retract(self, rs: Rank) -> None:
@@ -410,6 +377,7 @@ class Instance:
         del rs.running[victim.rid]
         rs.finish_heap = [e for e in rs.finish_heap if e[1] != victim.rid]
         heapq.heapify(rs.finish_heap)
+        rs.finish_max = max((f for f, _ in rs.finish_heap), default=0)
         rs.context -= victim.context
         self.retractions += 1
         if self.role is None:  # recompute from scratch: prompt + generated so far, then continue decoding
@@ -451,6 +419,7 @@ class Instance:
                 decoding.append(req)
             decoding += list(rs.parked)
             rs.admit.clear(), rs.prefill.clear(), rs.running.clear(), rs.finish_heap.clear(), rs.parked.clear()
+            rs.finish_max = 0
             rs.prefill_left = rs.context = rs.reserved = rs.pending = 0
             rs.cache.clear()
         self._regime = None
@@ -488,6 +457,7 @@ class Instance:
             self._settle(rs, req)
             rs.finish_heap = [e for e in rs.finish_heap if e[1] != req.rid]
             heapq.heapify(rs.finish_heap)
+            rs.finish_max = max((f for f, _ in rs.finish_heap), default=0)
             rs.context -= req.context
             self._regime = None
             self._admit(rs, self.t)

@@ -75,11 +75,27 @@ class SimResult:
     switch_log: list[dict] = field(default_factory=list)  # adaptive: each switch with its expected/realised gain
     switches_paid: int = 0
     theta_samples: int = 0  # adaptive: busy intervals the θ model learned from
+    batch: int = 0  # trajectories per training step
+    finish_times: list[float] = field(default_factory=list)  # reward end of every finished trajectory, sorted
     hold_reasons: dict[str, int] = field(default_factory=dict)  # adaptive: ticks per planner verdict
 
     @property
     def mean_step_s(self) -> float:
         return statistics.fmean(self.step_times_s) if self.step_times_s else float("nan")
+
+    def steady_step_s(self, warmup: int) -> float:
+        """Steady step time after ``warmup`` steps: the batch over the rate trajectories finished between the end of
+        the warm-up and the end of the last step. Uses every completion, not only the step boundaries, so it varies
+        less than the mean step time (asynchronous steps end whenever a group completes). Without warm-up: the mean
+        step time."""
+        if warmup <= 0 or len(self.step_times_s) <= warmup:
+            return self.mean_step_s
+        ends = [0.0]
+        for d in self.step_times_s:
+            ends.append(ends[-1] + d)
+        start, end = ends[warmup], ends[-1]
+        finished = bisect.bisect_right(self.finish_times, end) - bisect.bisect_right(self.finish_times, start)
+        return self.batch * (end - start) / finished if finished and end > start else float("nan")
 
     @property
     def label(self) -> str:

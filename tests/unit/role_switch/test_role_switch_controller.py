@@ -60,7 +60,6 @@ def test_minimums_must_agree():
 # ----- the controller with a θ model (issue 11) -----
 import random  # noqa: E402
 
-from sglang_prorsa.srt.role_switch.capacity import InstanceStatus  # noqa: E402
 from sglang_prorsa.srt.role_switch.controller import ControlInputs  # noqa: E402
 from sglang_prorsa.srt.role_switch.planner import NO_ROLE_SHORT, PAUSED  # noqa: E402
 from sglang_prorsa.srt.role_switch.theta import ThetaConfig, ThetaModel, ThetaSample  # noqa: E402
