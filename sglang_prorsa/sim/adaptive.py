@@ -10,6 +10,9 @@ Calls, in the order a deployment makes them:
   ``RoleSwitchController.tick(ControlInputs(Ŵ^P, K̂^D, ...), reports)``; each planned switch is executed by the
   cluster (Appendix C). (An extra tick at each weight update made more switches and no faster steps: the burst of
   re-prefill is better met by the next scheduled tick, with its backlog counted once.)
+* known bursts: when training time is modelled (``RolloutConfig.train_s``) the trainer knows when new weights will
+  reach the engines; the driver announces the re-prefill they will cause (every context in decode or waiting for
+  it) as ``ControlInputs.burst_prefill_tokens`` arriving ``burst_in_s`` from now.
 
 g(x) for the predictor (B.7) is built here, not in the predictor: the time of one request of x full-prompt tokens on a
 prefill instance, with the prefix-cache hit a request of that length gets under the cluster's routing (sampled from
@@ -114,6 +117,7 @@ class ControlPlaneDriver:
         self._seq = itertools.count()
         self._aborted: dict[str, float] = {}
         self._last_ingested = -math.inf
+        self.anticipate = cluster.anticipate  # announce the re-prefill of the next weight update as a burst
         self.windows: list[WindowRecord] = []
         self.decisions: list[dict] = []
         self.executed: list[dict] = []  # one per switch: time, instance, roles, estimated gain and cost
@@ -187,10 +191,13 @@ class ControlPlaneDriver:
         untracked = cluster.untracked_prefill_tokens()
         requests = forecast.decode_admission_tokens / (self._prompt_sum / self._prompts)  # predicted admissions
         working_set = sum(run.prompt_tokens_at(run.turn) for run in cluster.trainer.live.values())
+        update_at = cluster.trainer.next_weight_update() if self.anticipate else None
+        burst = float(cluster.reprefill_tokens()) if update_at is not None else 0.0
         decision = self.controller.tick(ControlInputs(
             forecast.prefill_tokens + untracked, forecast.decode_kv_tokens, cold_prefill_tokens=untracked,
             prefill_backlog_tokens=min(forecast.prefill_tokens, forecast.sources.backlog) + untracked,
-            decode_requests_forecast=requests, working_set_tokens=working_set), reports)
+            decode_requests_forecast=requests, working_set_tokens=working_set, burst_prefill_tokens=burst,
+            burst_in_s=max(0.0, update_at - t) if update_at is not None else None), reports)
         for switch in decision.plan.switches:
             cluster.start_switch(switch.instance_id, switch.dst, t)
             self.executed.append({"t": t, "instance": switch.instance_id, "from": switch.src.value,

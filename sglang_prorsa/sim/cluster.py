@@ -183,6 +183,11 @@ class Cluster:
         self._untracked.add(req)
         self._restart(req, t)
 
+    def reprefill_tokens(self) -> int:
+        """Tokens a weight update now would send back to prefill: every decoding, waiting or in-transfer context."""
+        decode = sum(inst.kv_used() for inst in self.instances if inst.role is Role.DECODE)
+        return decode + sum(r.context for r in self._awaiting)
+
     def untracked_prefill_tokens(self) -> int:
         return sum(r.prompt - r.done for r in self._untracked)
 

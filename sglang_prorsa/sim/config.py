@@ -159,10 +159,13 @@ class RolloutConfig:
     groups_per_step: int = 8  # a training batch = groups_per_step whole groups: the load
     steps: int = 3  # training steps to simulate
     seed: int = 0
+    train_s: float = 0.0  # async: a batch's completion -> the new weights reach the engines (training + sync)
 
     def __post_init__(self) -> None:
         if self.staleness < 0 or self.group_size < 1 or self.groups_per_step < 1 or self.steps < 1:
             raise ValueError("staleness >= 0; group_size, groups_per_step and steps >= 1")
+        if not self.train_s >= 0:
+            raise ValueError(f"train_s must be >= 0, got {self.train_s}")
 
     @property
     def batch(self) -> int:
@@ -190,6 +193,7 @@ class ClusterConfig:
     routing: str = "sglang"  # DP-rank choice: SGLang's default (round robin / bootstrap room) or rank_aware (sticky)
     planner: str = "guarded"  # adaptive: our guarded planner, or "paper" (chase Eq. 1's target, no guard)
     time_quantum_s: float = 0.25  # instance.py: a regime may run through completions this long (0 = exact)
+    anticipate: bool = True  # adaptive: announce the re-prefill of a coming weight update (needs train_s > 0)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -16,8 +16,9 @@ Rollout settings (§2, §3.1):
 * asynchronous with staleness k: groups are launched while the rollout is at most k versions ahead of training
   (dispatched groups < (version + k + 1) * groups_per_step, the usual off-policy gate); every ``groups_per_step``
   completed groups make one training step and bump the weight version. A trajectory dispatched at version v that is
-  still running at version v + k + 1 is dropped. At a version bump the engines re-prefill the carried-over
-  contexts with the new weights (§3.1, "trajectories carried over ... must re-prefill"): the cluster does that.
+  still running at version v + k + 1 is dropped. When the new weights reach the engines (at the version bump, or
+  ``train_s`` later when training time is modelled) they re-prefill the carried-over contexts (§3.1, "trajectories
+  carried over ... must re-prefill"): the cluster does that.
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ class Trainer:
         self.step_times: list[tuple[float, float]] = []  # (start, end) of each training step's rollout
         self.dropped = 0
         self.on_step_end: Callable[[float], None] | None = None  # the runner's hook (switch accounting)
+        self.pending_updates: list[float] = []  # times new weights will reach the engines (train_s > 0)
 
     def _hint(self, run: TrajectoryRun, kind: EventKind, t: float, **fields) -> None:
         if self.sink is not None:
@@ -220,8 +222,20 @@ class Trainer:
             return
         if not self.rollout.synchronous:
             self._drop_stale(t)
-            self.engines.weight_update(t)  # carried-over contexts are re-prefilled with the new weights
+            if self.rollout.train_s > 0:  # the engines keep the old weights while the batch trains
+                self.pending_updates.append(t + self.rollout.train_s)
+                self.events.at(t + self.rollout.train_s, self._push_weights)
+            else:
+                self.engines.weight_update(t)  # carried-over contexts are re-prefilled with the new weights
         self._dispatch(t)
+
+    def _push_weights(self, t: float) -> None:
+        self.pending_updates.pop(0)
+        self.engines.weight_update(t)
+
+    def next_weight_update(self) -> float | None:
+        """When the next new weights reach the engines (the trainer knows: training started at the batch's end)."""
+        return self.pending_updates[0] if self.pending_updates else None
 
     def _drop_stale(self, t: float) -> None:
         for run in [r for r in self.live.values() if r.version + self.rollout.staleness < self.version]:

@@ -4,20 +4,31 @@ Interface for the server (pure; the clock is injected)::
 
     controller = RoleSwitchController(ControllerConfig(horizon_s=S, ...), ThetaModel(ThetaConfig(...)), clock)
     controller.observe(ThetaSample(instance_id, new_tokens, cached_tokens, requests, busy_seconds))  # prefill busy
-    decision = controller.tick(ControlInputs(W_P, K_D, paused=...), reports)   # once per control interval
+    decision = controller.tick(ControlInputs(W_P, K_D, ...), reports)   # once per control interval
     decision.plan.switches        # [Switch(instance_id, src, dst, ...)]: execute these
     decision.to_dict()            # GET /prorsa/decision; controller.theta_snapshot() for the θ model
 
+What the server fills in (every field but the first two is optional; the simulator, sim/adaptive.py, fills all):
+  ControlInputs: ``prefill_tokens_forecast`` = Ŵ^P (+ any re-prefill backlog the tracker cannot see, also given as
+  ``cold_prefill_tokens``); ``decode_kv_forecast`` = K̂^D; ``prefill_backlog_tokens`` = the forecast's observed
+  backlog (ready + in flight, ``sources.backlog``) plus the cold part; ``decode_requests_forecast`` = requests
+  predicted to enter decode (admission tokens / mean prompt); ``working_set_tokens`` = context tokens of the live
+  trajectories (tracker); ``paused``; ``burst_prefill_tokens`` / ``burst_in_s`` for known bursts.
+  InstanceReport: the paper's fields, plus running / queued requests, ``max_running_requests``, prefix-cache tokens
+  and capacity, ``last_switch_s``, ``generation_paused``.
+  ThetaSample: one per prefill busy interval (idle to idle) of an instance; ``busy_seconds`` = the DP ranks' busy
+  seconds over the rank count (theta.py).
+
 A tick: θ^P for the forecast's mix from the θ model (theta.py; the cold part of Ŵ^P, e.g. re-prefill after a weight
 update, at cold θ), C^D_KV, K^D_t and G from the reports (capacity.py), Eq. 1's target (allocator.py), then the
-planner (planner.py) with the demands smoothed and laid out over the lookahead windows, known bursts added, and the
-cost of switching each instance (cost.py). The horizon S is ``ControllerConfig.horizon_s``, used for Eq. 1, the
-windows and the cost/gain integration alike.
+planner (planner.py) with the demands smoothed and laid out over the lookahead windows (backlog counted once, known
+bursts added) and the cost of switching each instance (cost.py). The horizon S is ``ControllerConfig.horizon_s``,
+used for Eq. 1, the windows and the cost/gain integration alike.
 
 Beyond the paper (§4.2 switches toward every new target): demand smoothing (exponential, weight ``smoothing`` on the
-newest reading), bursts announced ahead (``ControlInputs.burst_prefill_tokens`` / ``burst_in_s``), the decode slot
-demand (capacity.decode_slot_demand), ``paused`` (hold: demand read while the trainer paused generation is not
-demand), and the planner's need / hysteresis / dwell / cost conditions.
+newest reading; rises pass at once), backlog vs arrivals, bursts announced ahead, the decode slot demand
+(capacity.decode_slot_demand), prefix-cache pressure on prefill donors, ``paused`` (hold: demand read while the
+trainer paused generation is not demand), and the planner's need / hysteresis / dwell / cost conditions.
 
 ``step(W_P, K_D, reports, profile)`` and ``decide(AllocationInputs, reports)`` keep the earlier call forms; a
 ``ThroughputEstimator`` (the bucketed θ of throughput.py) is still accepted in place of the θ model.

@@ -96,3 +96,18 @@ def test_cluster_split_counts_wide_decode():
     assert ClusterConfig(mode="static", prefill_instances=3, decode_shape="wide").split(model) == (3, 2)
     with pytest.raises(ValueError, match="decode"):
         ClusterConfig(mode="static", prefill_instances=7, decode_shape="wide").split(model)
+
+
+def test_steady_step_time_counts_every_completion():
+    from sglang_prorsa.sim.metrics import SimResult
+
+    base = dict(model="m", preset="p", staleness=2, mode="static", gpus=8, instances=2, prefill_instances=1, seed=0,
+                steps_done=4, makespan_s=40.0, trajectories_finished=0, trajectories_dropped=0,
+                completion_mean_s=None, completion_p50_s=None, completion_p90_s=None, sync_idle_ratio=0.0,
+                gpu_idle_ratio=0.0, switches=0, wape_prefill=None, wape_decode=None, wall_s=1.0, events=0)
+    # steps end at 10, 15, 30, 40; after 2 warm-up steps (t = 15) 12 trajectories finish by t = 40: batch 8 / (12 per
+    # 25 s) = 16.7 s per step, where the mean of the last two steps is (15 + 10) / 2 = 12.5 s.
+    r = SimResult(**base, step_times_s=[10.0, 5.0, 15.0, 10.0], batch=8,
+                  finish_times=[9.0, 14.0] + [15.5 + 2 * k for k in range(12)])
+    assert r.steady_step_s(2) == pytest.approx(8 * 25 / 12)
+    assert r.steady_step_s(0) == pytest.approx(10.0)  # no warm-up: the mean step time
