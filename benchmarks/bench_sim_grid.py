@@ -1,19 +1,26 @@
-"""The paper's evaluation grid on the cluster simulator (§5.2-5.5, Figures 5-9), and the simulator's speed.
+"""The paper's evaluation grid on the cluster simulator (§5.2-5.5, Figures 5-9), as a function of load, with seeds.
 
-Grid: three presets (math, coding_agent, general_agent) x three staleness settings (on-policy, 2, 8), each run
-colocated, as the best static PD ratio and adaptive (our control plane). As in the paper's Figure 7, the static
-baseline uses one ratio per task: the best of a sweep over every ratio in the synchronous setting (``--sweep cell``
-sweeps every cell instead). Asynchronous runs drop their first ``--warmup`` steps from the mean step time (the first
-step of an async run fills the pipeline and is several times longer than the steady state).
+Grid: three tasks (math, coding_agent, general_agent) x three staleness settings (on-policy, 2, 8), at several loads
+(GRPO groups per training step) and seeds. In every (cell, load, seed) the simulator runs colocation, *every* static PD
+ratio and adaptive (our control plane); the best static ratio is chosen per cell and load by its mean step time over the
+seeds. A load is "GPU-bound" when doubling it multiplies the best static step time by >= 1.5 (the step is waiting for
+GPUs, not for tools, rewards and the slowest trajectory); the acceptance check (adaptive <= 1.02 x best static) is read
+at those loads. Asynchronous runs with staleness k launch (k + 1) steps' worth of groups at once and reach a steady
+pipeline only after about k + 1 steps: they run k + 1 + ``--async-measured`` steps, and their steady step time is the
+batch over the rate trajectories finished after the warm-up (SimResult.steady_step_s).
 
-Prints the table; writes benchmarks/results/sim_grid/{grid.json, fig5_step_time.png, fig6_idle.png,
-fig7_switching.png, fig8_wape.png, fig9_forecast.png, roles.png}. Defaults fit ~10 minutes on 2 shared cores;
-the paper-sized run is e.g. ``--agentic-groups 8 --math-groups 32 --sync-steps 3 --async-steps 8 --jobs 2``.
+``--shift`` adds the shifting-mix experiment: a mixed batch of math (all requests at the step's start, minutes of
+decode) and a long-document agent (context, hence prefill per prefix-cache miss, growing turn by turn), whose
+prefill:decode mix moves from decode-bound to prefill-bound inside a step, so no single static ratio fits the step.
 
-Speed: simulated GPU-hours per wall-clock second for 128 GPUs over one rollout hour (coding agent, staleness 2,
-8 groups of 32 per step), per mode.
+Prints the tables; writes <out>/{grid.json, README.md (markdown tables + ASSUMED parameters), fig5_step_time.png,
+fig6_idle.png, fig7_switching.png, fig8_wape.png, fig9_forecast.png, roles.png, load_sweep.png}.
 
-    python benchmarks/bench_sim_grid.py [--model mimo_v25_pro] [--jobs 2] [--no-speed] [--speed-only]
+Speed: simulated GPU-hours per wall-clock second and per CPU second, 128 GPUs over one rollout hour (coding agent,
+staleness 2, 8 groups of 32 per step), per mode, repeated ``--speed-repeats`` times.
+
+    python benchmarks/bench_sim_grid.py --model mimo_v25_pro --seeds 2 --jobs 2 [--shift] [--no-speed]
+    python benchmarks/bench_sim_grid.py --model deepseek_v32 --out benchmarks/results/sim_grid_deepseek --jobs 2
 """
 
 from __future__ import annotations
@@ -29,14 +36,23 @@ from pathlib import Path
 from tqdm import tqdm
 
 from sglang_prorsa.sim import plots
-from sglang_prorsa.sim.config import ClusterConfig, RolloutConfig, load_model
+from sglang_prorsa.sim.config import ClusterConfig, RolloutConfig, assumed_parameters, load_model
 from sglang_prorsa.sim.runner import simulate, static_ratios
+from sglang_prorsa.sim.trainer import clear_plan_cache
+from sglang_prorsa.sim.workloads import default_group_size
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sim_grid"
 PRESETS = ("math", "coding_agent", "general_agent")
 STALENESS = (0, 2, 8)
+# Groups per step per (task, staleness): a load and its half, sized so the top one is GPU-bound (the batch in flight
+# is about (staleness + 1) x groups per step) and each grid fits a few minutes of 2 cores.
+LOADS = {("math", 0): (128, 256), ("math", 2): (32, 64), ("math", 8): (8, 16),
+         ("general_agent", 0): (32, 64), ("general_agent", 2): (16, 32), ("general_agent", 8): (4, 8),
+         ("coding_agent", 0): (32, 64), ("coding_agent", 2): (8, 16), ("coding_agent", 8): (2, 4)}
+SHIFT = (("math+document_agent", 0, 16), ("math+document_agent", 0, 32), ("math+document_agent", 2, 12))
+GPU_BOUND_GROWTH = 1.5  # step-time growth over a doubling of load that counts as GPU-bound
 PAPER = {  # the paper's reported ranges, for the printed comparison (§5.2, §5.4, §5.5)
-    "agentic speedup over colocation": "1.11x-4.05x (MiMo-V2.5-Pro part of it; DeepSeek-V3.2 2.35x-4.05x)",
+    "agentic speedup over colocation": "1.11x-4.05x (DeepSeek-V3.2 2.35x-4.05x)",
     "math normalised step time": "0.86-1.28",
     "switching over best static": "1.0x-1.44x (MiMo-V2.5-Pro)",
     "WAPE": "prefill 5.40-14.37 %, decode 5.19-13.69 %",
@@ -48,148 +64,278 @@ PAPER = {  # the paper's reported ranges, for the printed comparison (§5.2, §5
 class Job:
     preset: str
     staleness: int
+    groups: int
+    seed: int
     mode: str
     prefill_instances: int = 0
+    decode_shape: str = "same"
+    keep_series: bool = False  # adaptive runs of the plotted cells keep timeline and windows
 
 
-def _rollout(args, preset: str, staleness: int) -> RolloutConfig:
-    math_task = preset == "math"
-    return RolloutConfig(
-        preset=preset, staleness=staleness, group_size=8 if math_task else 32,  # §5.1
-        groups_per_step=args.math_groups if math_task else args.agentic_groups,
-        steps=args.sync_steps if staleness == 0 else args.async_steps, seed=args.seed)
-
-
-def _run(job_args: tuple[Job, argparse.Namespace]) -> tuple[Job, dict]:
-    job, args = job_args
-    cluster = ClusterConfig(gpus=args.gpus, mode=job.mode, prefill_instances=job.prefill_instances)
-    result = simulate(load_model(args.model), cluster, _rollout(args, job.preset, job.staleness))
+def _run(job_args: tuple[Job, dict]) -> tuple[Job, dict]:
+    job, opts = job_args
+    model = load_model(opts["model"])
+    cluster = ClusterConfig(gpus=opts["gpus"], mode=job.mode, prefill_instances=job.prefill_instances,
+                            decode_shape=job.decode_shape, max_sim_s=opts["max_sim_s"])
+    warm = job.staleness + 1 if job.staleness else 0
+    rollout = RolloutConfig(preset=job.preset, staleness=job.staleness, group_size=default_group_size(job.preset),
+                            groups_per_step=job.groups, steps=opts["sync_steps"] if job.staleness == 0
+                            else warm + opts["async_measured"], seed=job.seed)
+    cpu0 = time.process_time()
+    result = simulate(model, cluster, rollout)
     out = result.to_dict()
-    steps = result.step_times_s[args.warmup:] if job.staleness and len(result.step_times_s) > args.warmup else result.step_times_s
-    out["steady_step_s"] = statistics.fmean(steps) if steps else float("nan")
+    out["cpu_s"] = time.process_time() - cpu0
+    out["steady_step_s"] = result.steady_step_s(warm) if result.steps_done == rollout.steps else float("inf")
+    out["finish_times"] = []
+    if not job.keep_series:
+        out["timeline"], out["windows"] = [], []
     return job, out
 
 
-def _map(jobs: list[Job], args, desc: str) -> dict[Job, dict]:
+def _map(jobs: list[Job], opts: dict, desc: str) -> dict[Job, dict]:
     done: dict[Job, dict] = {}
     with tqdm(total=len(jobs), desc=desc, unit="run") as bar:
-        if args.jobs > 1:
-            with ProcessPoolExecutor(args.jobs) as pool:
-                for job, out in pool.map(_run, [(j, args) for j in jobs]):
+        if opts["jobs"] > 1:
+            with ProcessPoolExecutor(opts["jobs"]) as pool:
+                for job, out in pool.map(_run, [(j, opts) for j in jobs], chunksize=1):
                     done[job] = out
                     bar.update()
         else:
             for j in jobs:
-                job, out = _run((j, args))
+                job, out = _run((j, opts))
                 done[job] = out
                 bar.update()
     return done
 
 
-def run_grid(args) -> dict:
-    model = load_model(args.model)
-    ratios = static_ratios(model, ClusterConfig(gpus=args.gpus))
-    sweep_cells = [(p, k) for p in PRESETS for k in (STALENESS if args.sweep == "cell" else (0,))]
-    sweep = _map([Job(p, k, "static", r) for p, k in sweep_cells for r in ratios], args, "static sweep")
-    best = {cell: min((j for j in sweep if (j.preset, j.staleness) == cell), key=lambda j: sweep[j]["steady_step_s"])
-            for cell in sweep_cells}
-    jobs = []
-    for p in PRESETS:
-        for k in STALENESS:
-            jobs += [Job(p, k, "colocated"), Job(p, k, "adaptive")]
-            ratio = best[(p, k) if args.sweep == "cell" else (p, 0)].prefill_instances
-            if Job(p, k, "static", ratio) not in sweep:
-                jobs.append(Job(p, k, "static", ratio))
-    runs = sweep | _map(jobs, args, "grid")
-    rows = []
-    for p in PRESETS:
-        for k in STALENESS:
-            ratio = best[(p, k) if args.sweep == "cell" else (p, 0)].prefill_instances
-            base = runs[Job(p, k, "colocated")]["steady_step_s"]
-            for mode, job in (("colocated", Job(p, k, "colocated")), ("best static", Job(p, k, "static", ratio)),
-                              ("adaptive", Job(p, k, "adaptive"))):
-                r = runs[job]
-                rows.append({
-                    "preset": p, "staleness": k, "mode": mode, "label": r["label"], "mean_step_s": r["steady_step_s"],
-                    "normalised": r["steady_step_s"] / base, "sync_idle_ratio": r["sync_idle_ratio"],
-                    "gpu_idle_ratio": r["gpu_idle_ratio"], "switches": r["switches"],
-                    "completion_mean_s": r["completion_mean_s"], "completion_p90_s": r["completion_p90_s"],
-                    "wape_prefill": r["wape_prefill"], "wape_decode": r["wape_decode"],
-                    "steps": r["steps_done"], "dropped": r["trajectories_dropped"], "wall_s": r["wall_s"]})
-    adaptive = {f"{p}/stale{k}": runs[Job(p, k, "adaptive")] for p in ("coding_agent", "general_agent") for k in STALENESS}
-    sweep_rows = [{"preset": j.preset, "staleness": j.staleness, "prefill_instances": j.prefill_instances,
-                   "mean_step_s": r["steady_step_s"]} for j, r in sweep.items()]
-    return {"rows": rows, "sweep": sweep_rows,
-            "figure9": {name: r["windows"] for name, r in adaptive.items() if name.endswith("stale8")},
-            "roles": {name: r["timeline"] for name, r in adaptive.items()}}
+def cell_jobs(preset: str, staleness: int, groups: int, seeds: list[int], ratios: list[int], shape: str = "same",
+              keep: bool = False) -> list[Job]:
+    jobs = [Job(preset, staleness, groups, s, "colocated") for s in seeds]
+    jobs += [Job(preset, staleness, groups, s, "static", p, shape) for s in seeds for p in ratios]
+    jobs += [Job(preset, staleness, groups, s, "adaptive", 0, shape, keep and s == seeds[0]) for s in seeds]
+    return jobs
 
 
-def print_table(rows: list[dict]) -> None:
-    pct = lambda v: "   -  " if v is None else f"{100 * v:5.1f}%"  # noqa: E731
-    print(f"\n{'preset':<14}{'stale':>6}  {'mode':<12}{'ratio':<7}{'step s':>9}{'norm':>7}{'speedup':>8}"
-          f"{'idle sync':>10}{'idle all':>9}{'traj s':>8}{'switch':>7}{'WAPE P':>8}{'WAPE D':>8}")
+def summarise(runs: dict[Job, dict], preset: str, staleness: int, groups: int, seeds: list[int], ratios: list[int],
+              shape: str = "same") -> dict:
+    """One row per (cell, load): each mode's mean step time over seeds, the best static ratio, adaptive vs it."""
+    def of(mode, p=0, s=None):
+        return [runs[Job(preset, staleness, groups, x, mode, p, shape if mode != "colocated" else "same", keep)]
+                for x in (seeds if s is None else [s]) for keep in (False, True)
+                if Job(preset, staleness, groups, x, mode, p, shape if mode != "colocated" else "same", keep) in runs]
+
+    mean = lambda rs: statistics.fmean(r["steady_step_s"] for r in rs)  # noqa: E731
+    statics = {p: mean(of("static", p)) for p in ratios}
+    best = min(statics, key=lambda p: statics[p] if statics[p] == statics[p] else float("inf"))  # NaN last
+    colo, adaptive, best_runs = of("colocated"), of("adaptive"), of("static", best)
+    per_seed = [a["steady_step_s"] / b["steady_step_s"] if b["steady_step_s"] > 0 else float("nan")
+                for a, b in zip(adaptive, best_runs)]
+    steps = [len(r["step_times_s"]) for r in adaptive]
+    return {
+        "preset": preset, "staleness": staleness, "groups": groups, "seeds": len(seeds), "decode_shape": shape,
+        "colocated_s": mean(colo), "best_static": f"{best}:{best_runs[0]['decode_instances']}",
+        "best_static_prefill": best, "best_static_s": statics[best], "adaptive_s": mean(adaptive),
+        "adaptive_over_best": mean(adaptive) / statics[best] if statics[best] > 0 else float("nan"),
+        "adaptive_over_best_seeds": per_seed,
+        "adaptive_over_colocated": mean(adaptive) / mean(colo) if mean(colo) > 0 else float("nan"),
+        "statics": {str(p): v for p, v in statics.items()},
+        "switches_per_step": statistics.fmean(r["switches"] / max(n, 1) for r, n in zip(adaptive, steps)),
+        "switches": statistics.fmean(r["switches"] for r in adaptive),
+        "switches_paid_share": (sum(r["switches_paid"] for r in adaptive) / sum(r["switches"] for r in adaptive)
+                                if sum(r["switches"] for r in adaptive) else None),
+        "wape_prefill": statistics.fmean(r["wape_prefill"] for r in adaptive if r["wape_prefill"] is not None)
+        if any(r["wape_prefill"] is not None for r in adaptive) else None,
+        "wape_decode": statistics.fmean(r["wape_decode"] for r in adaptive if r["wape_decode"] is not None)
+        if any(r["wape_decode"] is not None for r in adaptive) else None,
+        "interference": {m: statistics.fmean(r["interference_idle_ratio"] for r in rs)
+                         for m, rs in (("colocated", colo), ("best static", best_runs), ("adaptive", adaptive))},
+        "imbalance": {m: statistics.fmean(r["imbalance_idle_ratio"] for r in rs)
+                      for m, rs in (("colocated", colo), ("best static", best_runs), ("adaptive", adaptive))},
+        "gpu_idle": {m: statistics.fmean(r["gpu_idle_ratio"] for r in rs)
+                     for m, rs in (("colocated", colo), ("best static", best_runs), ("adaptive", adaptive))},
+        "prefix_hit": {m: statistics.fmean(r["prefix_hit_ratio"] for r in rs)
+                       for m, rs in (("colocated", colo), ("best static", best_runs), ("adaptive", adaptive))},
+        "completion_mean_s": {m: statistics.fmean(r["completion_mean_s"] or 0 for r in rs)
+                              for m, rs in (("colocated", colo), ("best static", best_runs), ("adaptive", adaptive))},
+        "hold_reasons": _sum_dicts(r["hold_reasons"] for r in adaptive),
+        "cpu_s": sum(r["cpu_s"] for r in runs.values() if (r["preset"], r["staleness"], r["groups_per_step"]) ==
+                     (preset, staleness, groups)),
+    }
+
+
+def _sum_dicts(dicts) -> dict:
+    out: dict[str, int] = {}
+    for d in dicts:
+        for k, v in d.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def mark_gpu_bound(rows: list[dict]) -> None:
+    """A load is GPU-bound when the best static step time grew >= GPU_BOUND_GROWTH x over half that load."""
+    by_cell: dict[tuple, dict[int, dict]] = {}
     for r in rows:
-        ratio = r["label"].split(" ")[-1] if r["mode"] == "best static" else ""
-        print(f"{r['preset']:<14}{r['staleness']:>6}  {r['mode']:<12}{ratio:<7}{r['mean_step_s']:9.1f}"
-              f"{r['normalised']:7.2f}{1 / r['normalised']:7.2f}x{pct(r['sync_idle_ratio']):>10}"
-              f"{pct(r['gpu_idle_ratio']):>9}{(r['completion_mean_s'] or 0):8.1f}{r['switches']:7d}"
-              f"{pct(r['wape_prefill']):>8}{pct(r['wape_decode']):>8}")
-    print("\npaper, for comparison:")
-    for k, v in PAPER.items():
-        print(f"  {k}: {v}")
+        by_cell.setdefault((r["preset"], r["staleness"], r["decode_shape"]), {})[r["groups"]] = r
+    for loads in by_cell.values():
+        for g, r in loads.items():
+            half = loads.get(g // 2)
+            r["growth_over_half_load"] = r["best_static_s"] / half["best_static_s"] if half else None
+            r["gpu_bound"] = half is not None and r["growth_over_half_load"] >= GPU_BOUND_GROWTH
+
+
+def run_grid(args, opts: dict) -> dict:
+    model = load_model(args.model)
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    ratios = static_ratios(model, ClusterConfig(gpus=args.gpus, mode="static"))
+    cells = [(p, k) for p in args.presets for k in args.staleness]
+    jobs, plan = [], []
+    for p, k in cells:
+        loads = args.loads.get(p, LOADS[(p, k)])
+        for g in loads:
+            top = g == max(loads)
+            jobs += cell_jobs(p, k, g, seeds, ratios, keep=top)
+            plan.append((p, k, g))
+    runs = _map(jobs, opts, f"{args.model} grid")
+    _checkpoint(args.out / "runs_grid.json", runs)
+    rows = [summarise(runs, p, k, g, seeds, ratios) for p, k, g in plan]
+    mark_gpu_bound(rows)
+    series = {f"{j.preset}/{'sync' if j.staleness == 0 else f'stale{j.staleness}'}": r
+              for j, r in runs.items() if j.keep_series}
+    return {"rows": rows, "runs": [_slim(j, r) for j, r in runs.items()],
+            "figure9": {n: r["windows"] for n, r in series.items() if n.endswith("stale8") and "math" not in n},
+            "roles": {n: r["timeline"] for n, r in series.items() if "math" not in n}}
+
+
+def run_shift(args, opts: dict) -> list[dict]:
+    model = load_model(args.model)
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    ratios = static_ratios(model, ClusterConfig(gpus=args.gpus, mode="static"))
+    jobs = [j for w, k, g in SHIFT for j in cell_jobs(w, k, g, seeds, ratios)]
+    runs = _map(jobs, opts, f"{args.model} shifting mix")
+    return [summarise(runs, w, k, g, seeds, ratios) for w, k, g in SHIFT]
+
+
+WIDE = (("coding_agent", 0, 32), ("coding_agent", 2, 12))
+
+
+def run_wide(args, opts: dict) -> list[dict]:
+    """Stage-specific parallelism (§3.2, §5.3): decode instances at the model's wide shape (EP32 for MiMo)."""
+    model = load_model(args.model)
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    ratios = static_ratios(model, ClusterConfig(gpus=args.gpus, mode="static", decode_shape="wide"))
+    jobs = [j for w, k, g in WIDE for j in cell_jobs(w, k, g, seeds, ratios, shape="wide")]
+    runs = _map(jobs, opts, f"{args.model} wide decode")
+    return [summarise(runs, w, k, g, seeds, ratios, shape="wide") for w, k, g in WIDE]
+
+
+def _checkpoint(path: Path, runs: dict[Job, dict]) -> None:
+    """Every run's result, before any summary can fail on it."""
+    path.write_text(json.dumps([dataclasses.asdict(j) | {"result": _slim(j, r)} for j, r in runs.items()],
+                               default=str))
+
+
+def _slim(job: Job, r: dict) -> dict:
+    keep = ("mode", "prefill_instances", "decode_instances", "seed", "steady_step_s", "step_times_s", "switches",
+            "switches_paid", "interference_idle_ratio", "imbalance_idle_ratio", "gpu_idle_ratio", "prefix_hit_ratio",
+            "wape_prefill", "wape_decode", "cpu_s", "wall_s", "retractions", "switches_per_step")
+    return {"preset": job.preset, "staleness": job.staleness, "groups": job.groups} | {k: r[k] for k in keep}
+
+
+def print_rows(title: str, rows: list[dict]) -> None:
+    print(f"\n{title}")
+    print(f"{'workload':<20}{'stale':>6}{'groups':>7} {'GPU-bnd':>7}{'colo s':>9}{'best':>6}{'static s':>10}"
+          f"{'adapt s':>9}{'ad/best':>8}{'(seeds)':>16}{'ad/colo':>8}{'sw/step':>8}{'paid':>6}{'WAPE P/D':>12}")
+    for r in rows:
+        seeds = "/".join(f"{x:.3f}" for x in r["adaptive_over_best_seeds"])
+        paid = "-" if r["switches_paid_share"] is None else f"{100 * r['switches_paid_share']:.0f}%"
+        wape = ("-" if r["wape_prefill"] is None else
+                f"{100 * r['wape_prefill']:.0f}/{100 * (r['wape_decode'] or 0):.0f}%")
+        bound = {True: "yes", False: "no", None: "-"}[r.get("gpu_bound")]
+        print(f"{r['preset']:<20}{r['staleness']:>6}{r['groups']:>7} {bound:>7}{r['colocated_s']:9.0f}"
+              f"{r['best_static']:>6}{r['best_static_s']:10.0f}{r['adaptive_s']:9.0f}{r['adaptive_over_best']:8.3f}"
+              f"{seeds:>16}{r['adaptive_over_colocated']:8.2f}{r['switches_per_step']:8.1f}{paid:>6}{wape:>12}")
 
 
 def measure_speed(args) -> list[dict]:
-    """Simulated GPU-hours per wall-clock second: 128 GPUs, one rollout hour, per mode."""
+    """Simulated GPU-hours per wall-clock second and per CPU second: 128 GPUs, one rollout hour, per mode."""
     model, out = load_model(args.model), []
     rollout = RolloutConfig(preset="coding_agent", staleness=2, group_size=32, groups_per_step=8, steps=10_000)
     for mode, p in (("colocated", 0), ("static", 4), ("adaptive", 0)):
-        cluster = ClusterConfig(gpus=128, mode=mode, prefill_instances=p, max_sim_s=3600.0)
-        cpu0 = time.process_time()
-        r = simulate(model, cluster, rollout)
-        cpu = time.process_time() - cpu0
-        out.append({"mode": mode, "sim_s": r.makespan_s, "wall_s": r.wall_s, "cpu_s": cpu, "events": r.events,
-                    "gpu_hours_per_wall_s": r.sim_gpu_hours_per_wall_s,
-                    "gpu_hours_per_cpu_s": 128 * r.makespan_s / 3600 / max(cpu, 1e-9)})
-        print(f"speed {mode:<10} 128 GPUs x {r.makespan_s / 3600:.2f} h simulated in {r.wall_s:6.1f} s wall "
-              f"({cpu:6.1f} s CPU): {out[-1]['gpu_hours_per_wall_s']:6.1f} GPU-h per wall-s, "
-              f"{out[-1]['gpu_hours_per_cpu_s']:6.1f} per CPU-s, {r.events} events")
+        for _ in range(args.speed_repeats):
+            cluster = ClusterConfig(gpus=128, mode=mode, prefill_instances=p, max_sim_s=3600.0)
+            clear_plan_cache()  # each measurement draws its own workload
+            cpu0 = time.process_time()
+            r = simulate(model, cluster, rollout)
+            cpu = time.process_time() - cpu0
+            out.append({"mode": mode, "sim_s": r.makespan_s, "wall_s": r.wall_s, "cpu_s": cpu, "events": r.events,
+                        "gpu_hours_per_wall_s": r.sim_gpu_hours_per_wall_s,
+                        "gpu_hours_per_cpu_s": 128 * r.makespan_s / 3600 / max(cpu, 1e-9)})
+            print(f"speed {mode:<10} 128 GPUs x {r.makespan_s / 3600:.2f} h simulated in {r.wall_s:6.1f} s wall "
+                  f"({cpu:6.1f} s CPU): {out[-1]['gpu_hours_per_wall_s']:6.1f} GPU-h per wall-s, "
+                  f"{out[-1]['gpu_hours_per_cpu_s']:6.1f} per CPU-s, {r.events} events")
     return out
+
+
+def write_readme(path: Path, result: dict, model_name: str) -> None:
+    from sglang_prorsa.sim import report
+
+    path.write_text(report.markdown(result, model_name, assumed_parameters(load_model(model_name)), PAPER))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="mimo_v25_pro")
     ap.add_argument("--gpus", type=int, default=128)
-    ap.add_argument("--agentic-groups", type=int, default=4, help="GRPO groups of 32 per training step")
-    ap.add_argument("--math-groups", type=int, default=16, help="GRPO groups of 8 per training step")
-    ap.add_argument("--sync-steps", type=int, default=2)
-    ap.add_argument("--async-steps", type=int, default=4)
-    ap.add_argument("--warmup", type=int, default=1, help="async steps left out of the mean")
-    ap.add_argument("--sweep", choices=("preset", "cell"), default="preset")
+    ap.add_argument("--presets", nargs="+", default=list(PRESETS))
+    ap.add_argument("--staleness", nargs="+", type=int, default=list(STALENESS))
+    ap.add_argument("--loads", nargs="*", default=[], help="override per task, e.g. math=16,32 coding_agent=12,24")
+    ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--sync-steps", type=int, default=1)
+    ap.add_argument("--async-measured", type=int, default=6,
+                    help="async steps averaged after the staleness + 1 warm-up steps")
+    ap.add_argument("--max-sim-s", type=float, default=4 * 3600.0)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--shift", action="store_true", help="also run the shifting-mix experiment")
+    ap.add_argument("--shift-only", action="store_true")
+    ap.add_argument("--wide", action="store_true", help="also run coding with stage-specific (wide) decode instances")
     ap.add_argument("--no-speed", action="store_true")
     ap.add_argument("--speed-only", action="store_true")
+    ap.add_argument("--speed-repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
+    args.loads = {k: tuple(int(x) for x in v.split(",")) for k, v in (a.split("=") for a in args.loads)}
     args.out.mkdir(parents=True, exist_ok=True)
+    opts = {"model": args.model, "gpus": args.gpus, "sync_steps": args.sync_steps,
+            "async_measured": args.async_measured, "max_sim_s": args.max_sim_s, "jobs": args.jobs}
     started = time.perf_counter()
-    result: dict = {"args": {k: str(v) for k, v in vars(args).items()}}
-    if not args.speed_only:
-        result |= run_grid(args)
-        print_table(result["rows"])
+    result: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "model": args.model}
+    if not (args.speed_only or args.shift_only):
+        result |= run_grid(args, opts)
+        print_rows(f"{args.model}: grid (mean over {args.seeds} seeds)", result["rows"])
+        (args.out / "grid.json").write_text(json.dumps(result, indent=1, default=str))  # kept if a plot fails
         plots.normalised_step_times(result["rows"], args.out / "fig5_step_time.png")
         plots.idle_ratios(result["rows"], args.out / "fig6_idle.png")
         plots.switching_gain(result["rows"], args.out / "fig7_switching.png")
         plots.forecast_wape(result["rows"], args.out / "fig8_wape.png")
         plots.forecast_vs_measured(result["figure9"], args.out / "fig9_forecast.png")
         plots.roles_over_time(result["roles"], args.out / "roles.png")
-    if not args.no_speed:
+        plots.load_sweep(result["rows"], args.out / "load_sweep.png")
+    if args.shift or args.shift_only:
+        result["shift"] = run_shift(args, opts)
+        print_rows(f"{args.model}: shifting mix (mean over {args.seeds} seeds)", result["shift"])
+    if args.wide:
+        result["wide"] = run_wide(args, opts)
+        print_rows(f"{args.model}: decode at the wide shape (mean over {args.seeds} seeds)", result["wide"])
+    if not (args.no_speed or args.shift_only):
         result["speed"] = measure_speed(args)
     result["wall_s"] = time.perf_counter() - started
-    (args.out / "grid.json").write_text(json.dumps(result, indent=1))
-    print(f"\nwrote {args.out}/grid.json and PNGs in {result['wall_s']:.0f} s")
+    (args.out / "grid.json").write_text(json.dumps(result, indent=1, default=str))
+    write_readme(args.out / "README.md", result, args.model)
+    print("\npaper, for comparison:")
+    for k, v in PAPER.items():
+        print(f"  {k}: {v}")
+    print(f"\nwrote {args.out}/grid.json, README.md and PNGs in {result['wall_s']:.0f} s")
 
 
 if __name__ == "__main__":

@@ -6,11 +6,13 @@ units, is prefill-heavy until 240 s (a = 10, b = 4), moves linearly until 330 s 
 log-normal noise (σ = 0.12, i.e. WAPE ≈ 10 %, inside the paper's 5–14 % range), converted to the raw numbers of Eq. 1
 (Ŵ^P, K^D_t, K̂^D with θ^P and C^D_KV). A switch takes the instance offline for 5 s (the paper's average).
 
-Both runs see identical forecasts; one uses the paper's planner as written (no guard), the other the default
-anti-flapping guard (dwell 30 s, hysteresis 10 %). Reported per run: switches; flaps (switches that undo a switch of
-the opposite direction made less than 60 s before, on any instance); instance-seconds offline for switching; and the
-demand-coverage deficit Σ_t max(0, demand − active instances) per role, integrated over 1 s steps. The comparison is
-repeated over 20 noise seeds, also with each guard alone.
+Both runs see identical forecasts; one uses the paper's planner as written (no guard), the other the default guarded
+planner (need-based, absolute hysteresis band, dwell of several switch costs, cost vs gain; planner.py). Reported per
+run: switches; flaps (switches that undo a switch of the opposite direction made less than 60 s before, on any
+instance); instance-seconds offline for switching; and the demand-coverage deficit Σ_t max(0, demand − active
+instances) per role, integrated over 1 s steps; their sum is the instance-seconds of demand left unserved, one way
+or the other. The comparison is repeated over 20 noise seeds, also with each of the guard's conditions turned off in
+turn.
 
     python benchmarks/trace_allocation.py [--seeds 20]
 Writes benchmarks/results/allocation_trace.png.
@@ -28,7 +30,7 @@ from sglang_prorsa.srt.role_switch.allocator import AllocationInputs
 from sglang_prorsa.srt.role_switch.capacity import InstanceReport, InstanceStatus, Role
 from sglang_prorsa.srt.role_switch.controller import ControllerConfig, RoleSwitchController
 from sglang_prorsa.srt.role_switch.planner import PlannerConfig
-from sglang_prorsa.srt.role_switch.throughput import ThroughputConfig, ThroughputEstimator
+from sglang_prorsa.srt.role_switch.theta import ThetaConfig, ThetaModel
 from sglang_prorsa.srt.utils.clock import ManualClock
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -75,7 +77,7 @@ class Run:
 def simulate(planner: PlannerConfig, seed: int) -> Run:
     clock = ManualClock()
     config = ControllerConfig(horizon_s=HORIZON_S, planner=planner)
-    controller = RoleSwitchController(config, ThroughputEstimator(ThroughputConfig(THETA_P), clock), clock)
+    controller = RoleSwitchController(config, ThetaModel(ThetaConfig.from_theta(THETA_P)), clock)
     loads = random.Random(seed + 1)  # per-instance load, only used to pick the least loaded
     cluster = {f"i{k:02d}": Instance(Role.PREFILL if k < 11 else Role.DECODE) for k in range(INSTANCES)}
     last_switch: dict[tuple[Role, Role], float] = {}  # (from, to) -> time of the latest such switch
@@ -150,8 +152,10 @@ def main() -> None:
     print(f"\nover {args.seeds} seeds (mean ± stdev):")
     variants = {
         **policies,
-        "dwell only": PlannerConfig(hysteresis=0.0),
-        "hysteresis only": PlannerConfig(min_dwell_s=0.0),
+        "no need test": PlannerConfig(need_based=False),
+        "no cost test": PlannerConfig(cost_aware=False),
+        "no band": PlannerConfig(hysteresis=0.0),
+        "no dwell": PlannerConfig(min_dwell_s=0.0, dwell_switch_costs=0.0),
     }
     for name, cfg in variants.items():
         many = [simulate(cfg, seed) for seed in range(args.seeds)]
@@ -159,6 +163,8 @@ def main() -> None:
             "switches": [r.switches for r in many],
             "flaps": [r.flaps for r in many],
             "deficit": [sum(r.deficit.values()) for r in many],
+            "offline": [r.switch_instance_s for r in many],
+            "deficit+offline": [sum(r.deficit.values()) + r.switch_instance_s for r in many],
         }
         print("  " + f"{name:>15}: " + "  ".join(
             f"{k}={statistics.fmean(v):6.1f}±{statistics.stdev(v):4.1f}" for k, v in stats.items()))

@@ -3,6 +3,7 @@
     python -m sglang_prorsa.sim run --preset coding_agent --staleness 2 --mode adaptive --gpus 128
     python -m sglang_prorsa.sim run --preset math --mode static --prefill-instances 4 --json out.json
     python -m sglang_prorsa.sim compare --preset general_agent --staleness 8      # colocated, best static, adaptive
+    python -m sglang_prorsa.sim compare --preset math+coding_agent --seeds 3      # a mixed batch, 3 seeds
     python -m sglang_prorsa.sim fit --samples measured.json --base mimo_v25_pro --out models/mine.json
     python -m sglang_prorsa.sim fit --url http://127.0.0.1:30000 --base qwen3_235b --out mine.json
 """
@@ -12,62 +13,95 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import sys
 from pathlib import Path
 
 from tqdm import tqdm
 
-from sglang_prorsa.sim.config import MODES, ClusterConfig, RolloutConfig, available_models, load_model
+from sglang_prorsa.sim.config import MODES, PLANNERS, ROUTING, ClusterConfig, RolloutConfig, available_models, \
+    load_model
 from sglang_prorsa.sim.metrics import SimResult
-from sglang_prorsa.sim.runner import best_static, simulate
+from sglang_prorsa.sim.runner import simulate, static_ratios
+from sglang_prorsa.sim.workloads import default_group_size
 
 
-def _rollout(args: argparse.Namespace) -> RolloutConfig:
-    group = args.group_size or (8 if args.preset == "math" else 32)  # §5.1
+def _rollout(args: argparse.Namespace, seed: int | None = None) -> RolloutConfig:
+    group = args.group_size or default_group_size(args.preset)  # §5.1
     return RolloutConfig(preset=args.preset, staleness=args.staleness, group_size=group,
-                         groups_per_step=args.groups_per_step, steps=args.steps, seed=args.seed)
+                         groups_per_step=args.groups_per_step, steps=args.steps,
+                         seed=args.seed if seed is None else seed)
 
 
-def _cluster(args: argparse.Namespace, mode: str) -> ClusterConfig:
-    return ClusterConfig(gpus=args.gpus, mode=mode, prefill_instances=args.prefill_instances,
+def _cluster(args: argparse.Namespace, mode: str, prefill_instances: int | None = None) -> ClusterConfig:
+    return ClusterConfig(gpus=args.gpus, mode=mode,
+                         prefill_instances=args.prefill_instances if prefill_instances is None else prefill_instances,
                          horizon_s=args.horizon, min_dwell_s=args.min_dwell, hysteresis=args.hysteresis,
-                         max_sim_s=args.max_sim_s)
+                         max_sim_s=args.max_sim_s, decode_shape=args.decode_shape, routing=args.routing,
+                         planner=args.planner)
 
 
-def _line(r: SimResult, base: float | None = None) -> str:
-    norm = f"{r.mean_step_s / base:5.2f}x" if base else "   -  "
-    wape = "" if r.wape_prefill is None else f"  WAPE P {100 * r.wape_prefill:5.1f}% D {100 * (r.wape_decode or 0):5.1f}%"
-    mean = r.completion_mean_s or 0.0
-    return (f"{r.label:<12} step {r.mean_step_s:8.1f} s {norm}  idle(sync) {100 * r.sync_idle_ratio:5.1f}%  "
-            f"idle(all) {100 * r.gpu_idle_ratio:5.1f}%  traj {mean:7.1f} s  switches {r.switches:4d}{wape}  "
-            f"[{r.wall_s:.1f} s wall]")
+def _line(runs: list[SimResult], base: float | None = None) -> str:
+    r = runs[0]
+    steps = [statistics.fmean(x.step_times_s) if x.step_times_s else float("nan") for x in runs]
+    mean = statistics.fmean(steps)
+    spread = f"±{statistics.stdev(steps):5.1f}" if len(steps) > 1 else "      "
+    norm = f"{mean / base:5.2f}x" if base else "   -  "
+    wapes = [x for x in runs if x.wape_prefill is not None]
+    wape = "" if not wapes else (f"  WAPE P {100 * statistics.fmean(x.wape_prefill for x in wapes):5.1f}% "
+                                 f"D {100 * statistics.fmean(x.wape_decode or 0 for x in wapes):5.1f}%")
+    switches = sum(x.switches for x in runs) / len(runs)
+    paid = sum(x.switches_paid for x in runs) / len(runs)
+    traj = statistics.fmean(x.completion_mean_s or 0.0 for x in runs)
+    return (f"{r.label:<12} step {mean:8.1f} s{spread} {norm}  idle interf {100 * _avg(runs, 'interference_idle_ratio'):5.1f}%"
+            f" imbal {100 * _avg(runs, 'imbalance_idle_ratio'):5.1f}% all {100 * _avg(runs, 'gpu_idle_ratio'):5.1f}%"
+            f"  hit {100 * _avg(runs, 'prefix_hit_ratio'):4.1f}%  traj {traj:7.1f} s  switches {switches:5.1f}"
+            f" (paid {paid:4.1f}){wape}  [{sum(x.wall_s for x in runs):.1f} s wall]")
+
+
+def _avg(runs: list[SimResult], name: str) -> float:
+    return statistics.fmean(getattr(r, name) for r in runs)
+
+
+def _seeds(args: argparse.Namespace) -> list[int]:
+    return list(range(args.seed, args.seed + args.seeds))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
-    rollout = _rollout(args)
-    with tqdm(total=rollout.steps, desc=f"{rollout.preset}/{rollout.label}/{args.mode}", unit="step") as bar:
-        result = simulate(model, _cluster(args, args.mode), rollout, on_step=bar.update)
-    print(_line(result))
-    _write(args.json, [result])
+    results = []
+    for seed in _seeds(args):
+        rollout = _rollout(args, seed)
+        with tqdm(total=rollout.steps, desc=f"{rollout.preset}/{rollout.label}/{args.mode}/seed {seed}",
+                  unit="step") as bar:
+            results.append(simulate(model, _cluster(args, args.mode), rollout, on_step=bar.update))
+    print(_line(results))
+    _write(args.json, results)
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    model, rollout = load_model(args.model), _rollout(args)
-    runs: list[SimResult] = []
-    n = args.gpus // model.gpus_per_instance
-    with tqdm(total=n + 1, desc=f"{rollout.preset}/{rollout.label}", unit="run") as bar:
-        runs.append(simulate(model, _cluster(args, "colocated"), rollout))
-        bar.update()
-        best, statics = best_static(model, _cluster(args, "static"), rollout, on_run=lambda r: bar.update())
-        runs += statics
-        runs.append(simulate(model, _cluster(args, "adaptive"), rollout))
-        bar.update()
-    base = runs[0].mean_step_s
-    for r in runs:
-        print(("* " if r is best else "  ") + _line(r, base))
-    _write(args.json, runs)
+    """Colocated, every static ratio and adaptive, each over ``--seeds`` seeds; the best static by mean step time."""
+    model = load_model(args.model)
+    ratios = static_ratios(model, _cluster(args, "static", 1))
+    configs = [("colocated", 0)] + [("static", p) for p in ratios] + [("adaptive", args.prefill_instances)]
+    groups: list[list[SimResult]] = []
+    with tqdm(total=len(configs) * args.seeds, desc=f"{args.preset}/{_rollout(args).label}", unit="run") as bar:
+        for mode, p in configs:
+            runs = []
+            for seed in _seeds(args):
+                runs.append(simulate(model, _cluster(args, mode, p), _rollout(args, seed)))
+                bar.update()
+            groups.append(runs)
+    mean = lambda runs: statistics.fmean(r.mean_step_s for r in runs)  # noqa: E731
+    statics = [g for g in groups if g[0].mode == "static"]
+    best = min(statics, key=lambda g: (any(r.steps_done < args.steps for r in g), mean(g)))
+    base = mean(groups[0])
+    for g in groups:
+        print(("* " if g is best else "  ") + _line(g, base))
+    adaptive = groups[-1]
+    print(f"adaptive / best static ({best[0].label}): {mean(adaptive) / mean(best):.3f}")
+    _write(args.json, [r for g in groups for r in g])
     return 0
 
 
@@ -96,17 +130,23 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text in (("run", "one simulation"), ("compare", "colocated vs every static ratio vs adaptive")):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--model", default="mimo_v25_pro", help=f"one of {available_models()} or a JSON path")
-        p.add_argument("--preset", default="coding_agent", choices=["math", "coding_agent", "general_agent"])
+        p.add_argument("--preset", default="coding_agent",
+                       help="math | coding_agent | general_agent | research_agent, or a mix like math+coding_agent")
         p.add_argument("--staleness", type=int, default=0, help="0 = synchronous (on-policy)")
         p.add_argument("--group-size", type=int, default=0, help="GRPO group (default: 8 math, 32 agentic)")
-        p.add_argument("--groups-per-step", type=int, default=4)
+        p.add_argument("--groups-per-step", type=int, default=4, help="the load: GRPO groups per training step")
         p.add_argument("--steps", type=int, default=3)
         p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--seeds", type=int, default=1, help="repeat over seeds seed .. seed+N-1")
         p.add_argument("--gpus", type=int, default=128)
         p.add_argument("--prefill-instances", type=int, default=0)
-        p.add_argument("--horizon", type=float, default=10.0)
+        p.add_argument("--horizon", type=float, default=10.0, help="S: forecast horizon and control period")
         p.add_argument("--min-dwell", type=float, default=30.0)
-        p.add_argument("--hysteresis", type=float, default=0.1)
+        p.add_argument("--hysteresis", type=float, default=0.1, help="absolute coverage band of the planner")
+        p.add_argument("--planner", default="guarded", choices=PLANNERS, help="adaptive: guarded, or the paper's")
+        p.add_argument("--routing", default="sglang", choices=ROUTING, help="DP-rank choice (cluster.py)")
+        p.add_argument("--decode-shape", default="same", choices=("same", "wide"),
+                       help="PD decode instances: same shape as prefill, or the model's wide (EP x2) shape")
         p.add_argument("--max-sim-s", type=float, default=6 * 3600.0)
         p.add_argument("--json", help="write results here")
         if name == "run":

@@ -1,277 +1,473 @@
 """One simulated engine instance: attention-DP ranks that step together (perf_model.py), advanced event by event.
 
 Each rank holds a FIFO prefill queue (chunked: ``chunk`` tokens per iteration, requests packed in arrival order, as
-SGLang packs a prefill batch) and a running decode batch. A rank with prefill work runs a prefill chunk, otherwise a
-decode step (prefill first, no mixed batches: SGLang's default). All ranks of the instance then wait for the slowest.
+SGLang packs a prefill batch), a running decode batch, an admission queue and a prefix cache (prefix_cache.py). A rank
+with prefill work runs a prefill chunk, otherwise a decode step (prefill first, no mixed batches: SGLang's default).
+All ranks of the instance then wait for the slowest.
 
-Simulating every ~30 ms iteration of 128 GPUs for an hour would take minutes, so the instance moves in *regimes*:
-while no request starts or finishes, every iteration has the same per-rank operations and the same length T, so k
-iterations are applied at once. A regime ends at the first prefill or decode completion; an outside change (a new
-request, a switch) applies the whole iterations done so far and re-plans. Context growth inside a regime is applied
-at its end (the step time uses the context at its start; regimes are short, so the error is small).
+KV and batch limits (SGLang 0.5.23 semantics, simplified):
+* a request is admitted to a rank (colocated: before its prefill; PD decode: the pre-allocation before its KV is
+  transferred) when the rank runs fewer than ``max_running_per_rank`` requests and its KV fits next to the running
+  contexts plus ``reserved_decode_tokens`` of headroom per request (``--num-reserved-decode-tokens``); nothing is
+  reserved for the whole output;
+* when a decode step would overflow the pool, the request with the fewest generated tokens is retracted: on a PD decode
+  rank its KV goes to a CPU backup and it resumes first when room frees (``--disaggregation-decode-retraction-backup``);
+  on a colocated rank it is prefilled again from scratch (its prefix cache is what the pool pressure evicted).
 
-KV: a request reserves prompt + output tokens on its rank when it is admitted (no retraction model); it waits in the
-rank's admission queue while the pool is full. Prefill-only instances do not hold KV beyond the transfer.
+Simulating every ~30 ms iteration of 128 GPUs for hours would take minutes, so the instance moves in *regimes*: while
+no request starts, finishes or hits the KV limit, every iteration has the same per-rank operations and length T, so k
+iterations are applied at once. A regime ends at the first prefill or decode completion or KV overflow, or, with
+``time_quantum_s`` > 0, runs on through completions for up to that long while every rank keeps its operation: each
+completion is still reported at its own iteration's end, only the batch slot and KV it frees wait for the regime's end
+(a delay below the quantum). An outside change (a new request, a switch) applies the whole iterations done so far and
+re-plans. Context growth inside a regime is applied at its end (the step time uses the context at its start).
+
+Accounting per instance: busy time, GPU-seconds of work, and GPU-seconds lost waiting at the MoE collective, split into
+``interference`` (a rank waiting for a rank of the other stage: a decode step held by a prefill chunk, §3.2 / Figure 6)
+and ``imbalance`` (waiting for a rank of the same stage, or having nothing to do while others work). A prefill
+instance also reports its busy intervals (idle -> idle) for the θ model, timed in instance-equivalent seconds (the
+prefilling ranks' busy time over the rank count), so θ is an instance's capacity whatever the load.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from sglang_prorsa.sim.perf_model import PerfModel
+from sglang_prorsa.sim.requests import Rank, Request
 from sglang_prorsa.srt.role_switch.capacity import InstanceStatus, Role
 
+__all__ = ["INF", "Instance", "Rank", "Request"]
+
 INF = math.inf
-
-
-@dataclass(slots=True, eq=False)
-class Request:
-    """One model call of a trajectory. ``done`` counts prompt tokens already in KV (cached prefix + chunks)."""
-
-    rid: int
-    owner: object  # the trajectory run that receives the completion callbacks
-    prompt: int  # x: full prompt length
-    done: int  # prefill progress (starts at the cached prefix)
-    output: int  # tokens to generate in all
-    generated: int = 0  # while running, tokens generated before joining the batch (see Rank.generated)
-    joined_step: int = 0  # the rank's decode step when it joined the running batch
-    untracked: bool = False  # a re-prefill the lifecycle API cannot report (weight update / cancel-and-resend)
-    rank: int = -1
-    finish_step: int = 0
-
-    @property
-    def context(self) -> int:
-        return self.prompt + self.generated
-
-    @property
-    def kv_need(self) -> int:
-        return self.prompt + self.output
-
-
-@dataclass(slots=True)
-class Rank:
-    prefill: deque = field(default_factory=deque)
-    prefill_left: int = 0  # tokens still to prefill over the whole queue
-    running: dict = field(default_factory=dict)  # rid -> Request
-    finish_heap: list = field(default_factory=list)  # (finish step, rid)
-    steps: int = 0  # decode steps done: a running request finishes at step ``finish_step``
-    context: int = 0  # KV tokens of the running batch (attention cost of a decode step)
-    kv_reserved: int = 0
-    admit: deque = field(default_factory=deque)  # waiting for KV room
 
 
 class Instance:
     """``role`` None = colocated (prefill and decode on every rank)."""
 
-    def __init__(self, iid: str, perf: PerfModel, role: Role | None, on_prefilled: Callable, on_decoded: Callable) -> None:
+    def __init__(self, iid: str, perf: PerfModel, role: Role | None, on_prefilled: Callable, on_decoded: Callable,
+                 on_admitted: Callable | None = None, on_interval: Callable | None = None,
+                 time_quantum_s: float = 0.0) -> None:
         self.iid, self.perf, self.role = iid, perf, role
         self.status, self.role_since = InstanceStatus.ACTIVE, None
         self.ranks = [Rank() for _ in range(perf.ranks)]
-        self.gpus_per_rank = perf.model.gpus_per_instance / perf.ranks
-        self.kv_per_rank = perf.kv_tokens_per_rank
+        self.gpus = perf.gpus
+        self.gpus_per_rank = perf.gpus / perf.ranks
+        self.cap = perf.kv_tokens_per_rank
+        self.slots = perf.shape.max_running_per_rank
+        self.reserve = perf.model.reserved_decode_tokens
         self._on_prefilled, self._on_decoded = on_prefilled, on_decoded
+        self._on_admitted, self._on_interval = on_admitted, on_interval
+        self.quantum = time_quantum_s  # a regime may run through completions for this long (see plan)
         self.t = 0.0
-        self._regime: tuple | None = None  # (start, T, k, per-rank (op, tokens or batch))
+        self._regime: tuple | None = None  # (start, period, k, ops, interference, imbalance, work) per iteration
         self.version = 0  # bumps whenever the next event moves; stale heap entries are skipped
+        self.wake_at = INF
+        self.rr = 0  # round-robin rank counter (SGLang's default DP load balancing)
         self.busy_s = 0.0  # wall time with at least one rank working
-        self.idle_gpu_s = 0.0  # GPU-seconds lost waiting for the slowest rank (interference + imbalance)
         self.work_gpu_s = 0.0
+        self.interference_gpu_s = 0.0
+        self.imbalance_gpu_s = 0.0
+        self.retractions = 0
+        self.last_switch_s: float | None = None
+        self.n_requests = 0  # requests on the instance (queued, admitted, running, parked): the router's load
+        self.prefill_left = 0  # prompt tokens still to prefill over all ranks
+        p, d = perf.shape.prefill, perf.shape.decode
+        self._p = (p.iter_base_s, p.per_token_s, p.per_token_ctx_s)
+        self._d = (d.iter_base_s, d.per_seq_s, d.per_ctx_token_s)
+        # the open prefill busy interval (θ samples): start, new tokens, cached tokens, requests
+        self._busy: list | None = None
+
+    @property
+    def idle_gpu_s(self) -> float:
+        return self.interference_gpu_s + self.imbalance_gpu_s
 
     # ----- loads, for routing and the controller's reports -----
     def prefill_load(self) -> int:
-        return sum(r.prefill_left for r in self.ranks)
+        return self.prefill_left
 
     def kv_used(self) -> int:
-        return sum(r.context for r in self.ranks)
+        return sum(r.context + r.reserved for r in self.ranks)
 
-    def kv_free(self) -> int:
-        return sum(self.kv_per_rank - r.kv_reserved for r in self.ranks)
+    def running_requests(self) -> int:
+        """Requests holding a batch slot: running, plus admitted ones prefilling (colocated) or in transfer (decode)."""
+        return sum(len(r.running) + r.pending for r in self.ranks)
+
+    def queued_requests(self) -> int:
+        """Requests waiting on the instance: for a slot and KV, retracted, or (prefill role) in the prefill queue."""
+        queued = sum(len(r.admit) + len(r.parked) for r in self.ranks)
+        return queued + (sum(len(r.prefill) for r in self.ranks) if self.role is Role.PREFILL else 0)
+
+    def load_requests(self) -> int:
+        """Requests on the instance, the router's load measure."""
+        return self.n_requests
+
+    def prefix_cache_tokens(self) -> int:
+        return sum(r.cache.tokens for r in self.ranks)
 
     def has_work(self) -> bool:
-        return any(r.prefill or r.running or r.admit for r in self.ranks)
+        return any(r.prefill or r.running or r.admit or r.parked or r.pending for r in self.ranks)
+
+    def room(self, rank: Rank) -> int:
+        """KV the rank's cache may use: the pool minus what running and admitted requests hold, and on a prefill
+        rank the request being prefilled (queued requests hold no KV until they are scheduled)."""
+        held = rank.context + rank.reserved
+        if self.role is Role.PREFILL and rank.prefill:
+            held += rank.prefill[0].prompt
+        return self.cap - held
+
+    # ----- routing help -----
+    def least_loaded_rank(self) -> int:
+        ranks = self.ranks
+        return min(range(len(ranks)), key=lambda i: (len(ranks[i].running) + ranks[i].pending + len(ranks[i].admit)
+                                                     + len(ranks[i].prefill), ranks[i].prefill_left, i))
+
+    def round_robin_rank(self) -> int:
+        r = self.rr % len(self.ranks)
+        self.rr += 1
+        return r
+
+    def prefilling(self, rank: int) -> bool:
+        """Rank ``rank`` runs prefill chunks in the current regime: work added behind its queue changes nothing the
+        regime computed (it ends before reaching the new work), so no re-plan is needed."""
+        regime = self._regime
+        return regime is not None and regime[3][rank] > 0
+
+    def cached_tokens(self, rank: int, key: object) -> int:
+        rs = self.ranks[rank]
+        return rs.cache.get(key, self.room(rs))
 
     # ----- entering work -----
-    def add_prefill(self, req: Request, rank: int | None = None) -> None:
-        """A request joins a rank's queue; colocated ranks reserve its KV first (or queue it for admission)."""
-        r = self._pick(rank)
-        req.rank = r
-        rank_state = self.ranks[r]
+    def add_prefill(self, req: Request, rank: int, now: float) -> None:
+        """A request joins rank ``rank``: a prefill instance queues it; a colocated rank admits it first."""
+        req.rank = rank
+        rs = self.ranks[rank]
+        self.n_requests += 1
         if self.role is None:
-            rank_state.admit.append(req)  # FIFO behind earlier requests still waiting for KV
-            self._admit(rank_state)
+            rs.admit.append(req)
+            self._admit(rs, now)
         else:
-            self._enqueue(rank_state, req)
+            self._start_busy(now)
+            rs.prefill.append(req)
+            rs.prefill_left += req.prompt - req.done
+            self.prefill_left += req.prompt - req.done
 
-    def add_decode(self, req: Request) -> bool:
-        """Reserve KV for a transferred request on the rank with most room; False when no rank can hold it."""
-        r = max(range(len(self.ranks)), key=lambda i: (self.kv_per_rank - self.ranks[i].kv_reserved, -i))
-        rank_state = self.ranks[r]
-        if rank_state.kv_reserved + req.kv_need > self.kv_per_rank and rank_state.kv_reserved > 0:
-            return False
-        req.rank = r
-        rank_state.kv_reserved += req.kv_need
-        return True
+    def add_decode(self, req: Request, rank: int, now: float) -> None:
+        """A prefilled request asks rank ``rank`` for a decode slot (SGLang's pre-allocation queue)."""
+        req.rank = rank
+        self.n_requests += 1
+        self.ranks[rank].admit.append(req)
+        self._admit(self.ranks[rank], now)
 
     def start_decode(self, req: Request) -> None:
-        """KV arrived (transfer done): the request joins the running batch of the rank that reserved it."""
-        self._run(self.ranks[req.rank], req)
+        """KV arrived (transfer done): the request joins the running batch of the rank that admitted it."""
+        rs = self.ranks[req.rank]
+        rs.reserved -= req.context
+        rs.pending -= 1
+        self._run(rs, req)
 
-    def _pick(self, rank: int | None) -> int:
-        if rank is not None and 0 <= rank < len(self.ranks):
-            return rank
-        return min(range(len(self.ranks)), key=lambda i: (self.ranks[i].kv_reserved + self.ranks[i].prefill_left, i))
+    def _run(self, rs: Rank, req: Request) -> None:
+        req.joined_step = rs.steps
+        req.finish_step = rs.steps + max(1, req.output - req.generated)
+        rs.running[req.rid] = req
+        heapq.heappush(rs.finish_heap, (req.finish_step, req.rid))
+        if req.finish_step > rs.finish_max:
+            rs.finish_max = req.finish_step
+        rs.context += req.context
 
-    def _enqueue(self, rank: Rank, req: Request) -> None:
-        if self.role is None:
-            rank.kv_reserved += req.kv_need
-        rank.prefill.append(req)
-        rank.prefill_left += req.prompt - req.done
+    def fits(self, rs: Rank, tokens: int) -> bool:
+        """Rank ``rs`` would admit a request of ``tokens`` KV now (nothing waiting ahead of it there)."""
+        return not rs.admit and not rs.parked and self._fits(rs, tokens)
 
-    def _run(self, rank: Rank, req: Request) -> None:
-        req.joined_step = rank.steps
-        req.finish_step = rank.steps + max(1, req.output - req.generated)
-        rank.running[req.rid] = req
-        heapq.heappush(rank.finish_heap, (req.finish_step, req.rid))
-        rank.context += req.context
+    def _fits(self, rs: Rank, tokens: int) -> bool:
+        busy = len(rs.running) + rs.pending
+        if busy == 0:
+            return True  # an empty rank always takes one request, however long
+        return busy < self.slots and rs.context + rs.reserved + tokens + self.reserve * (busy + 1) <= self.cap
+
+    def _admit(self, rs: Rank, now: float) -> None:
+        """Retracted requests first, then the admission queue, while slots and KV allow."""
+        while rs.parked and self._fits(rs, rs.parked[0].context):
+            self._run(rs, rs.parked.popleft())
+        if rs.parked:
+            return
+        admit = rs.admit
+        while admit and self._fits(rs, admit[0].context if self.role is not None else admit[0].prompt):
+            req = admit.popleft()
+            if self.role is None:  # colocated: KV for the prompt, then prefill on this rank
+                rs.reserved += req.prompt
+                rs.pending += 1
+                self._start_busy(now)
+                rs.prefill.append(req)
+                rs.prefill_left += req.prompt - req.done
+                self.prefill_left += req.prompt - req.done
+            else:  # PD decode: KV pre-allocated; the cluster starts the transfer
+                rs.reserved += req.context
+                rs.pending += 1
+                self._on_admitted(self, rs, req, now)
 
     # ----- time -----
     def plan(self) -> float:
-        """Choose the next regime from ``self.t``; returns when it ends (inf when idle)."""
+        """Choose the next regime from ``self.t``; returns when it ends (inf when idle).
+
+        Each busy rank can run ``k_exact`` iterations before its first completion and ``k_max`` before its operation
+        would change (its full prefill chunks run out, its KV pool fills). A regime lasts the smallest ``k_exact``,
+        stretched toward ``time_quantum_s`` within every rank's ``k_max``: completions inside it are reported at their
+        exact iteration times; only the slot and KV they free are reused at the regime's end."""
         self.version += 1
-        ops, times, k = [], [], INF
-        chunk = self.perf.chunk
-        for rank in self.ranks:
-            if rank.prefill and self.role is not Role.DECODE:
-                head = rank.prefill[0]
-                left_head = head.prompt - head.done
-                if rank.prefill_left <= chunk:
-                    n, k_r = rank.prefill_left, 1
+        chunk, cap = self.perf.chunk, self.cap
+        pb, pt, pc = self._p
+        db, ds, dc = self._d
+        prefills = self.role is not Role.DECODE
+        quantum = self.quantum
+        ops, times, bounds = [], [], []
+        for rs in self.ranks:
+            if rs.prefill and prefills:
+                head = rs.prefill[0]
+                left = rs.prefill_left
+                if left <= chunk:
+                    n, k_exact, k_max = left, 1, 1
                 else:
-                    n, k_r = chunk, min(math.ceil(left_head / chunk), rank.prefill_left // chunk)
-                ops.append(("P", n))
-                times.append(self.perf.prefill_iteration_s(n, head.done))
-            elif rank.running:
-                ops.append(("D", len(rank.running)))
-                times.append(self.perf.decode_step_s(len(rank.running), rank.context))
-                k_r = rank.finish_heap[0][0] - rank.steps
+                    n, k_max = chunk, left // chunk
+                    k_exact = min(-(-(head.prompt - head.done) // chunk), k_max)
+                ops.append(n)  # > 0: prefill of n tokens
+                times.append(pb + pt * n + pc * n * (head.done + n / 2))
+            elif rs.running:
+                batch = len(rs.running)
+                free = cap - rs.context - rs.reserved
+                if free < batch and batch > 1:  # the next step cannot allocate: retract (SGLang retract_decode)
+                    while free < batch and batch > 1:
+                        self._retract(rs)
+                        batch = len(rs.running)
+                        free = cap - rs.context - rs.reserved
+                ops.append(-batch)  # < 0: decode of |n| sequences
+                times.append(db + ds * batch + dc * rs.context)
+                k_exact = rs.finish_heap[0][0] - rs.steps
+                k_max = max(1, free // batch) if batch > 1 else k_exact
+                if k_exact > k_max:
+                    k_exact = k_max
+                elif quantum > 0 and k_max > k_exact:
+                    k_max = min(k_max, rs.finish_max - rs.steps)
             else:
-                ops.append(None)
+                ops.append(0)
                 times.append(0.0)
-                k_r = INF
-            k = min(k, k_r)
-        period, _ = self.perf.synchronised(times)
-        if period <= 0 or k is INF:
+                continue
+            bounds.append((k_exact, k_max))
+        if not bounds:
             self._regime = None
+            self.wake_at = INF
             return INF
-        self._regime = (self.t, period, int(k), ops, times)
-        return self.t + k * period
+        period = max(times)
+        k = min(b[0] for b in bounds)
+        if quantum > 0:
+            stretch = int(quantum / period)
+            if stretch > k:
+                k = min(stretch, min(b[1] for b in bounds))
+        slowest_prefill = ops[times.index(period)] > 0
+        interference = imbalance = work = 0.0
+        for op, t in zip(ops, times):
+            work += t
+            if op == 0:
+                imbalance += period
+            elif (op > 0) is slowest_prefill:
+                imbalance += period - t
+            else:
+                interference += period - t
+        self._regime = (self.t, period, k, ops, interference, imbalance, work)
+        self.wake_at = self.t + k * period
+        return self.wake_at
 
     def advance(self, now: float) -> None:
-        """Apply the whole iterations finished by ``now``; completions call back (in rank order)."""
-        if self._regime is None:
-            self.t = max(self.t, now)
+        """Apply the whole iterations finished by ``now``; completions call back in time order, each at its own
+        iteration's end."""
+        regime = self._regime
+        if regime is None:
+            if now > self.t:
+                self.t = now
             return
-        start, period, k, ops, times = self._regime
+        start, period, k, ops, interference, imbalance, work = regime
         done = min(k, int((now - start) / period + 1e-9))
         if done <= 0:
             return
         self.t = start + done * period
         self.busy_s += done * period
-        gpr = self.gpus_per_rank
-        self.idle_gpu_s += done * sum(period - t for t in times) * gpr
-        self.work_gpu_s += done * sum(times) * gpr
+        gpr = done * self.gpus_per_rank
+        self.work_gpu_s += work * gpr
+        self.interference_gpu_s += interference * gpr
+        self.imbalance_gpu_s += imbalance * gpr
         self._regime = None
+        if self._busy is not None:  # θ sample time: the prefilling ranks' busy seconds over the rank count
+            self._busy[4] += done * period * sum(1 for op in ops if op > 0) / len(ops)
         prefilled, decoded = [], []
-        for rank, op in zip(self.ranks, ops):
-            if op is None:
-                continue
-            if op[0] == "P":
-                self._apply_prefill(rank, op[1] * done, prefilled)
-            else:
-                self._apply_decode(rank, done, decoded)
-        for req in prefilled:
-            self._on_prefilled(self, req, self.t)
-        for req in decoded:
-            self._on_decoded(self, req, self.t)
+        for rs, op in zip(self.ranks, ops):
+            if op > 0:
+                self._apply_prefill(rs, op, done, prefilled)
+            elif op < 0:
+                self._apply_decode(rs, done, decoded)
+        if prefilled:
+            if len(prefilled) > 1:
+                prefilled.sort(key=lambda e: e[0])
+            for it, req in prefilled:
+                self._on_prefilled(self, req, start + it * period)
+            if self._busy is not None and not any(rs.prefill for rs in self.ranks):
+                self._close_busy()
+        if decoded:
+            if len(decoded) > 1:
+                decoded.sort(key=lambda e: e[0])
+            for it, req in decoded:
+                self._on_decoded(self, req, start + it * period)
 
-    def _apply_prefill(self, rank: Rank, tokens: int, out: list) -> None:
-        rank.prefill_left -= tokens
-        while tokens > 0 and rank.prefill:
-            head = rank.prefill[0]
+    def _apply_prefill(self, rs: Rank, n: int, done: int, out: list) -> None:
+        tokens = n * done
+        rs.prefill_left -= tokens
+        self.prefill_left -= tokens
+        queue = rs.prefill
+        busy = self._busy
+        consumed = 0
+        while tokens > 0 and queue:
+            head = queue[0]
             take = min(tokens, head.prompt - head.done)
             head.done += take
             tokens -= take
+            consumed += take
             if head.done >= head.prompt:
-                rank.prefill.popleft()
-                if self.role is None:
-                    self._run(rank, head)  # colocated: decode continues on the same rank, KV already there
-                out.append(head)
+                queue.popleft()
+                if self.role is None:  # colocated: decode continues on the same rank, KV already there
+                    rs.reserved -= head.prompt
+                    rs.pending -= 1
+                    self._run(rs, head)
+                else:  # a prefill rank keeps the prompt it computed (not the output: decode makes that elsewhere)
+                    self.n_requests -= 1
+                    rs.cache.put(head.owner, head.prompt, self.room(rs))
+                    if busy is not None:
+                        busy[1] += head.prompt - head.cached
+                        busy[2] += head.cached
+                        busy[3] += 1
+                out.append((-(-consumed // n), head))  # the iteration whose chunk finished it
 
-    def _apply_decode(self, rank: Rank, steps: int, out: list) -> None:
+    def _apply_decode(self, rs: Rank, steps: int, out: list) -> None:
         # O(1) per regime plus O(log B) per finished request: generated counts are settled only when a request leaves.
-        rank.steps += steps
-        rank.context += steps * len(rank.running)
-        while rank.finish_heap and rank.finish_heap[0][0] <= rank.steps:
-            _, rid = heapq.heappop(rank.finish_heap)
-            req = rank.running.pop(rid)
-            self._settle(rank, req)
-            rank.context -= req.context
-            rank.kv_reserved -= req.kv_need
-            out.append(req)
-        self._admit(rank)
+        first = rs.steps
+        rs.steps += steps
+        rs.context += steps * len(rs.running)
+        heap, running = rs.finish_heap, rs.running
+        freed = False
+        while heap and heap[0][0] <= rs.steps:
+            finish, rid = heapq.heappop(heap)
+            req = running.pop(rid)
+            req.generated = min(req.output, req.generated + finish - req.joined_step)
+            rs.context -= req.context + rs.steps - finish  # its KV, and the steps counted for it after it finished
+            out.append((finish - first, req))
+            self.n_requests -= 1
+            freed = True
+            if self.role is None:  # colocated: the finished sequence stays in the radix cache
+                rs.cache.put(req.owner, req.context, self.room(rs))
+        if freed:
+            if not heap:
+                rs.finish_max = 0
+            self._admit(rs, self.t)
+
+    def _retract(self, rs: Rank) -> None:
+        """Free KV by retracting the running request with the fewest generated tokens (ties: longest prompt)."""
+        steps = rs.steps
+        victim = min(rs.running.values(), key=lambda r: (r.generated + steps - r.joined_step, -r.prompt, r.rid))
+        self._settle(rs, victim)
+        del rs.running[victim.rid]
+        rs.finish_heap = [e for e in rs.finish_heap if e[1] != victim.rid]
+        heapq.heapify(rs.finish_heap)
+        rs.finish_max = max((f for f, _ in rs.finish_heap), default=0)
+        rs.context -= victim.context
+        self.retractions += 1
+        if self.role is None:  # recompute from scratch: prompt + generated so far, then continue decoding
+            victim.prompt, victim.output, victim.generated = victim.context, victim.output - victim.generated, 0
+            victim.done = victim.cached = 0
+            rs.admit.appendleft(victim)
+        else:
+            rs.parked.append(victim)
 
     @staticmethod
-    def _settle(rank: Rank, req: Request) -> None:
+    def _settle(rs: Rank, req: Request) -> None:
         """A request leaves the running batch: fix its generated count from the rank's step counter."""
-        req.generated = min(req.output, req.generated + rank.steps - req.joined_step)
-        req.joined_step = rank.steps
+        req.generated = min(req.output, req.generated + rs.steps - req.joined_step)
+        req.joined_step = rs.steps
 
-    def _admit(self, rank: Rank) -> None:
-        while rank.admit and (rank.kv_reserved + rank.admit[0].kv_need <= self.kv_per_rank or rank.kv_reserved == 0):
-            self._enqueue(rank, rank.admit.popleft())
+    # ----- θ busy intervals (prefill instances) -----
+    def _start_busy(self, now: float) -> None:
+        if self._busy is None and self.role is Role.PREFILL and not any(rs.prefill for rs in self.ranks):
+            self._busy = [max(now, self.t), 0, 0, 0, 0.0]
 
-    def release(self, req: Request) -> None:
-        """Drop a reservation made by ``add_decode`` that will never run (its trajectory was dropped)."""
-        self.ranks[req.rank].kv_reserved -= req.kv_need
+    def _close_busy(self) -> None:
+        """An idle-to-idle interval ends: report its work and its instance-equivalent busy seconds (each DP rank runs
+        its own scheduler; one rank busy for 1 s on a 2-rank instance is half an instance-second)."""
+        _, new, cached, requests, seconds = self._busy
+        self._busy = None
+        if requests and seconds > 0 and self._on_interval is not None:
+            self._on_interval(self, new, cached, requests, seconds)
 
+    # ----- leaving work -----
     def evict_all(self) -> tuple[list[Request], list[Request]]:
         """Take every request off the instance (switch drain, weight update): (not yet decoding, decoding).
-        Prefill progress and generated tokens stay with the requests; the caller decides what is kept."""
+        Prefill progress and generated tokens stay with the requests; the caller decides what is kept. Requests
+        waiting for a decode slot or in transfer come back in the first list; parked ones in the second."""
         waiting, decoding = [], []
-        for rank in self.ranks:
-            waiting += list(rank.admit) + list(rank.prefill)
-            for req in rank.running.values():
-                self._settle(rank, req)
+        for rs in self.ranks:
+            waiting += list(rs.admit) + list(rs.prefill)
+            for req in rs.running.values():
+                self._settle(rs, req)
                 decoding.append(req)
-            rank.admit.clear(), rank.prefill.clear(), rank.running.clear(), rank.finish_heap.clear()
-            rank.prefill_left = rank.context = rank.kv_reserved = 0
+            decoding += list(rs.parked)
+            rs.admit.clear(), rs.prefill.clear(), rs.running.clear(), rs.finish_heap.clear(), rs.parked.clear()
+            rs.finish_max = 0
+            rs.prefill_left = rs.context = rs.reserved = rs.pending = 0
+            rs.cache.clear()
         self._regime = None
+        self._busy = None  # an interrupted interval says nothing about θ
+        self.wake_at = INF
+        self.n_requests = self.prefill_left = 0
         return waiting, decoding
 
     def remove(self, req: Request) -> bool:
         """Take one request off the instance (its trajectory was dropped); False when it is not here."""
-        for rank in self.ranks:
-            if req in rank.admit:
-                rank.admit.remove(req)
-                return True
-            if req in rank.prefill:
-                rank.prefill.remove(req)
-                rank.prefill_left -= req.prompt - req.done
-                if self.role is None:
-                    rank.kv_reserved -= req.kv_need
-                self._regime = None
-                return True
-            if rank.running.pop(req.rid, None) is not None:
-                self._settle(rank, req)
-                rank.finish_heap = [e for e in rank.finish_heap if e[1] != req.rid]
-                heapq.heapify(rank.finish_heap)
-                rank.context -= req.context
-                rank.kv_reserved -= req.kv_need
-                self._regime = None
-                self._admit(rank)
+        home = self.ranks[req.rank] if 0 <= req.rank < len(self.ranks) else None
+        for rs in ([home] if home is not None else []) + self.ranks:
+            if self._remove_from(rs, req):
+                self.n_requests -= 1
                 return True
         return False
+
+    def _remove_from(self, rs: Rank, req: Request) -> bool:
+        if req in rs.admit:
+            rs.admit.remove(req)
+            return True
+        if req in rs.parked:
+            rs.parked.remove(req)
+            return True
+        if req in rs.prefill:
+            rs.prefill.remove(req)
+            rs.prefill_left -= req.prompt - req.done
+            self.prefill_left -= req.prompt - req.done
+            if self.role is None:
+                rs.reserved -= req.prompt
+                rs.pending -= 1
+            self._regime = None
+            return True
+        if rs.running.pop(req.rid, None) is not None:
+            self._settle(rs, req)
+            rs.finish_heap = [e for e in rs.finish_heap if e[1] != req.rid]
+            heapq.heapify(rs.finish_heap)
+            rs.finish_max = max((f for f, _ in rs.finish_heap), default=0)
+            rs.context -= req.context
+            self._regime = None
+            self._admit(rs, self.t)
+            return True
+        return False
+
+    def release(self, req: Request) -> None:
+        """Drop a decode pre-allocation whose transfer will never land (its trajectory was dropped)."""
+        rs = self.ranks[req.rank]
+        rs.reserved -= req.context
+        rs.pending -= 1
+        self.n_requests -= 1
+        self._admit(rs, self.t)

@@ -1,17 +1,29 @@
 """What one simulation run reports (§5.2-5.5): rollout time per step, GPU idle ratios, trajectory completion times,
-role switches, forecast WAPE, and a coarse timeline for the plots.
+role switches and whether they paid, forecast WAPE, and a coarse timeline for the plots.
 
-GPU idle ratios:
-* ``sync_idle_ratio``: GPU time lost inside busy iterations waiting for the slowest attention-DP rank, over GPU time
-  of busy iterations. Under colocation this is the prefill-decode interference of Figure 6 (plus cross-rank
-  imbalance, which the paper excludes; we cannot separate the two cleanly either).
+GPU idle ratios (all over the GPU time of busy iterations, i.e. idle + work inside iterations some rank ran):
+* ``interference_idle_ratio``: ranks waiting at the MoE collective for a rank of the *other* stage (a decode step held
+  by a prefill chunk): the prefill-decode interference of Figure 6;
+* ``imbalance_idle_ratio``: ranks waiting for a rank of the same stage, or with nothing to do while others work
+  (cross-DP imbalance, which the paper's Figure 6 excludes);
+* ``sync_idle_ratio``: their sum (the earlier single number);
 * ``gpu_idle_ratio``: 1 - GPU time doing work / (G x makespan): everything else too (no work, switches, tails).
+
+Switches: ``switches_per_step`` counts them per training step; each executed switch carries the gain the planner
+expected and its cost, and ``realised_gain_gpu_s``: the same gain formula (cost.py) evaluated with the *measured*
+demand of each following horizon (observed backlog + the arrivals that really came, from the predictor's accuracy
+windows; decode KV now + the admissions that really came) over the planner's lookahead, with the planner's own rule
+that decode capacity taken to feed a short prefill is no loss. A switch "paid" when that realised gain exceeded its
+cost.
 """
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from dataclasses import asdict, dataclass, field
+
+from sglang_prorsa.srt.role_switch.cost import served
 
 
 @dataclass(frozen=True)
@@ -51,15 +63,44 @@ class SimResult:
     events: int
     timeline: list[TimelinePoint] = field(default_factory=list)
     windows: list[dict] = field(default_factory=list)  # adaptive: forecast vs realised per horizon window
+    interference_idle_ratio: float = 0.0
+    imbalance_idle_ratio: float = 0.0
+    groups_per_step: int = 0
+    decode_instances: int = 0  # at t = 0
+    decode_shape: str = "same"
+    routing: str = "sglang"
+    prefix_hit_ratio: float = 0.0  # prompt tokens served from prefix caches / prompt tokens prefilled
+    retractions: int = 0
+    switches_per_step: list[int] = field(default_factory=list)
+    switch_log: list[dict] = field(default_factory=list)  # adaptive: each switch with its expected/realised gain
+    switches_paid: int = 0
+    theta_samples: int = 0  # adaptive: busy intervals the θ model learned from
+    batch: int = 0  # trajectories per training step
+    finish_times: list[float] = field(default_factory=list)  # reward end of every finished trajectory, sorted
+    hold_reasons: dict[str, int] = field(default_factory=dict)  # adaptive: ticks per planner verdict
 
     @property
     def mean_step_s(self) -> float:
         return statistics.fmean(self.step_times_s) if self.step_times_s else float("nan")
 
+    def steady_step_s(self, warmup: int) -> float:
+        """Steady step time after ``warmup`` steps: the batch over the rate trajectories finished between the end of
+        the warm-up and the end of the last step. Uses every completion, not only the step boundaries, so it varies
+        less than the mean step time (asynchronous steps end whenever a group completes). Without warm-up: the mean
+        step time."""
+        if warmup <= 0 or len(self.step_times_s) <= warmup:
+            return self.mean_step_s
+        ends = [0.0]
+        for d in self.step_times_s:
+            ends.append(ends[-1] + d)
+        start, end = ends[warmup], ends[-1]
+        finished = bisect.bisect_right(self.finish_times, end) - bisect.bisect_right(self.finish_times, start)
+        return self.batch * (end - start) / finished if finished and end > start else float("nan")
+
     @property
     def label(self) -> str:
         if self.mode == "static":
-            return f"static {self.prefill_instances}:{self.instances - self.prefill_instances}"
+            return f"static {self.prefill_instances}:{self.decode_instances}"
         return self.mode
 
     @property
@@ -83,13 +124,55 @@ def completion_stats(durations: list[float]) -> tuple[float | None, float | None
     return statistics.fmean(ordered), statistics.median(ordered), p90
 
 
-def idle_ratios(instances, gpus: int, makespan_s: float) -> tuple[float, float]:
-    """(sync_idle_ratio, gpu_idle_ratio) from the instances' accumulated GPU-seconds."""
-    idle = sum(i.idle_gpu_s for i in instances)
+def idle_ratios(instances, gpus: int, makespan_s: float) -> dict[str, float]:
+    """Idle ratios (module docstring) from the instances' accumulated GPU-seconds."""
+    interference = sum(i.interference_gpu_s for i in instances)
+    imbalance = sum(i.imbalance_gpu_s for i in instances)
     work = sum(i.work_gpu_s for i in instances)
-    sync_idle = idle / (idle + work) if idle + work > 0 else 0.0
+    busy = interference + imbalance + work
     total = gpus * makespan_s
-    return sync_idle, (1.0 - work / total) if total > 0 else 0.0
+    return {"sync": (interference + imbalance) / busy if busy else 0.0,
+            "interference": interference / busy if busy else 0.0,
+            "imbalance": imbalance / busy if busy else 0.0,
+            "gpu": 1.0 - work / total if total > 0 else 0.0}
+
+
+def switches_per_step(switch_times: list[float], step_times: list[tuple[float, float]]) -> list[int]:
+    """Switches made inside each training step's [start, end)."""
+    times = sorted(switch_times)
+    return [bisect.bisect_left(times, end) - bisect.bisect_left(times, start) for start, end in step_times]
+
+
+def realised_gains(executed: list[dict], decisions: list[dict], windows: list[dict], horizon_s: float,
+                   lookahead: int, gpus: dict[str, int], margin: float) -> list[dict]:
+    """Each executed switch with ``realised_gain_gpu_s`` and ``paid`` (module docstring)."""
+    by_start = {w["start"]: w for w in windows}
+    measured = []  # (t, n_prefill, n_decode, a_real, b_real)
+    for d in decisions:
+        w = by_start.get(d["t"]) if d["scheduled"] else None
+        if w is None:
+            continue
+        theta = d["theta_P"]
+        a = max(0.0, d["W_P"] + d["untracked"] - w["forecast_arrivals"] + w["realised_arrivals"]) / (horizon_s * theta)
+        b = max(d["slot_demand"], (d["K_now"] + w["realised_decode"]) / d["C_KV"])
+        measured.append((d["t"], d["current"][0], d["current"][1], a, b))
+    times = [m[0] for m in measured]
+    out = []
+    for s in executed:
+        start = bisect.bisect_right(times, s["t"])
+        end = bisect.bisect_right(times, s["t"] + lookahead * horizon_s)
+        gain = 0.0
+        for _, n_p, n_d, a, b in measured[start:end]:
+            n = {"prefill": n_p, "decode": n_d}
+            need = {"prefill": a * (1 + margin), "decode": b * (1 + margin)}
+            dst, src = s["to"], s["from"]
+            gained = (served(n[dst], need[dst]) - served(n[dst] - 1, need[dst])) * gpus[dst]
+            lost = (served(n[src] + 1, need[src]) - served(n[src], need[src])) * gpus[src]
+            if dst == "prefill" and n[dst] - 1 < need[dst]:
+                lost = 0.0  # the planner's rule: a short prefill starves decode anyway (planner.py, prefill_first)
+            gain += horizon_s * (gained - lost)
+        out.append(s | {"realised_gain_gpu_s": gain, "paid": gain > s["cost_gpu_s"]})
+    return out
 
 
 def window_dicts(windows) -> list[dict]:

@@ -20,6 +20,9 @@ p ≥ P_min, d ≥ D_min, m^P·p + m^D·d ≤ G, then read the instance counts o
   * n^P = max(P_min, ⌈a·c*⌉), n^D = max(D_min, ⌈b·c*⌉). These never exceed the optimal (p, d), so they fit, and any
     larger δ would need coverage above c*, which no budget-feasible allocation has: δ* is maximal.
 
+Beyond the paper, ``decode_slot_demand`` (optional) lets b count request slots when the engines' batch limit binds
+before their KV pools do (capacity.decode_slot_demand); with it 0, b is Eq. 1's KV term exactly.
+
 Arithmetic is exact: the float inputs become ``Fraction``s (every float is a dyadic rational), so ceilings and the
 comparisons p·b ≤ d·a never round the wrong way at a step of ⌈·⌉. Cost: O(log(G/m^P)) comparisons of rationals of
 bounded size, i.e. about 12 steps for G = 4096 (microseconds); a linear scan over p would be O(G/m^P).
@@ -61,9 +64,11 @@ class AllocationInputs:
     decode_kv_forecast: float  # K̂^D: KV of requests predicted to enter decode within the horizon
     decode_kv_capacity: float  # C^D_KV: usable KV per decode instance
     gpu_budget: int  # G
+    # Beyond the paper: decode demand in request slots (instances), capacity.decode_slot_demand; 0 = KV only (Eq. 1).
+    decode_slot_demand: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("prefill_tokens_forecast", "decode_kv_now", "decode_kv_forecast"):
+        for name in ("prefill_tokens_forecast", "decode_kv_now", "decode_kv_forecast", "decode_slot_demand"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be finite and >= 0, got {value}")
@@ -79,8 +84,10 @@ class AllocationInputs:
         return Fraction(self.prefill_tokens_forecast) / (Fraction(self.horizon_s) * Fraction(self.theta_p))
 
     def decode_demand(self) -> Fraction:
-        """b = (K^D_t + K̂^D) / C^D_KV: decode instances needed at δ = 0, before rounding up."""
-        return (Fraction(self.decode_kv_now) + Fraction(self.decode_kv_forecast)) / Fraction(self.decode_kv_capacity)
+        """b = (K^D_t + K̂^D) / C^D_KV: decode instances needed at δ = 0, before rounding up; the slot demand instead
+        when it is larger (an engine whose batch limit binds before its KV pool does)."""
+        kv = (Fraction(self.decode_kv_now) + Fraction(self.decode_kv_forecast)) / Fraction(self.decode_kv_capacity)
+        return max(kv, Fraction(self.decode_slot_demand))
 
 
 @dataclass(frozen=True)

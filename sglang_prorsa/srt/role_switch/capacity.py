@@ -37,6 +37,13 @@ class InstanceReport:
     ``role`` is the role the instance serves, or, while DRAINING/SWITCHING, the role it is switching *to*: an instance
     already on its way to a role is counted there, so the planner does not order the same change twice.
     ``role_since`` is when the instance last got a new role (None: never switched since start), for the dwell guard.
+
+    The optional fields after ``role_since`` are what the server can measure per instance beyond the paper's inputs;
+    their defaults mean "not reported" and leave the controller to its configured fallbacks:
+    ``running_requests`` / ``queued_requests`` (scheduler), ``max_running_requests`` (the engine's batch limit: with it,
+    decode demand counts request slots as well as KV, see ``decode_slot_demand``), ``prefix_cache_tokens`` (held in the
+    radix cache; lost on a switch), ``prefix_cache_capacity`` (its KV pool, the most the cache can hold), ``last_switch_s`` (duration of its last switch), ``generation_paused`` (the trainer
+    paused generation on it).
     """
 
     instance_id: str
@@ -48,6 +55,13 @@ class InstanceReport:
     decode_kv_used: int = 0  # KV held by decode requests (0 on a pure prefill instance)
     decode_kv_capacity: int = 0  # usable KV pool size under the decode configuration (0 when not serving decode)
     role_since: float | None = None
+    running_requests: int = 0
+    queued_requests: int = 0
+    max_running_requests: int = 0  # 0: unknown
+    prefix_cache_tokens: int = 0
+    prefix_cache_capacity: int = 0  # tokens its KV pool can give the prefix cache (0: unknown)
+    last_switch_s: float | None = None
+    generation_paused: bool = False
 
     @property
     def prefill_load(self) -> int:
@@ -103,6 +117,21 @@ def decode_kv_footprint(reports: Iterable[InstanceReport]) -> int:
     Instances that are draining, switching away from decode or unhealthy are included on purpose: their decode
     requests are retried on other decode instances with their KV (Appendix C), so that KV still needs a home."""
     return sum(r.decode_kv_used for r in reports)
+
+
+def decode_slot_demand(reports: Iterable[InstanceReport], decode_requests_forecast: float) -> float:
+    """Decode demand in instances counted in request slots: (running + queued decode requests + requests predicted to
+    enter decode within the horizon) / the smallest active decode instance's ``max_running_requests``.
+
+    Beyond the paper: Eq. 1 sizes decode from KV alone. An engine also caps its running batch
+    (``--max-running-requests``); when requests wait for a slot while KV is free, decode is short although K/C_KV says
+    otherwise. 0 when no active decode instance reports its limit."""
+    limits = [r.max_running_requests for r in reports
+              if r.role is Role.DECODE and r.status is InstanceStatus.ACTIVE and r.max_running_requests > 0]
+    if not limits:
+        return 0.0
+    waiting = sum(r.running_requests + r.queued_requests for r in reports if r.role is Role.DECODE)
+    return (waiting + max(0.0, decode_requests_forecast)) / min(limits)
 
 
 def gpu_budget(reports: Iterable[InstanceReport]) -> int:

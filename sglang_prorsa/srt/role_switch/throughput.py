@@ -1,5 +1,9 @@
 """Effective prefill speed θ^P of §4.2: full-prompt tokens per busy instance-second, per workload profile.
 
+Superseded for the controller by theta.py (one continuous model instead of profile buckets, whose edges made θ^P jump
+~9x; issue 11). Kept because the adaptive front still measures busy intervals with it; RoleSwitchController accepts
+either.
+
 θ^P converts the prefill forecast Ŵ^P into instances in Eq. 1, so it counts tokens the way Ŵ^P does: full prompt
 lengths, cached prefix included. Prefix-cache hits show up as shorter service time, not as fewer tokens.
 

@@ -4,7 +4,14 @@ import math
 
 import pytest
 
-from sglang_prorsa.sim.config import DecodeParams, ModelConfig, PrefillParams, available_models, load_model
+from sglang_prorsa.sim.config import (
+    DecodeParams,
+    ModelConfig,
+    PrefillParams,
+    assumed_parameters,
+    available_models,
+    load_model,
+)
 from sglang_prorsa.sim.perf_model import PerfModel
 
 
@@ -47,19 +54,32 @@ def test_decode_step_and_dp_synchronisation():
 
 def test_transfer_kv_capacity_and_theta():
     perf = PerfModel(model())
-    assert perf.transfer_s(2_000_000) == pytest.approx(0.005 + 2.0)  # 2 GB at 1 GB/s
+    # a rank of 2 GPUs sends its shards over 2 NICs of 1 GB/s: 2 GB of KV (2M tokens x 1000 B) in 1 s
+    assert perf.transfer_s(2_000_000) == pytest.approx(1.0)
     assert perf.transfer_s(0) == 0.0
     assert perf.kv_tokens_per_instance == 20_000
+    assert perf.max_running_per_instance == 2 * 16
     assert perf.profiled_theta(1000) == pytest.approx(2 * 1000 / perf.prefill_request_s(1000))
     assert perf.switch_s == 5.0
 
 
-def test_predictor_profile_matches_the_model():
+def test_cold_profile_is_instance_time():
     perf = PerfModel(model())
-    g = perf.predictor_profile()
-    assert g(4096) == pytest.approx(perf.prefill_request_s(4096))
-    xs = [256, 1024, 8192, 65536]
-    assert all(g(a) < g(b) for a, b in zip(xs, xs[1:]))
+    points = dict(perf.cold_profile_points())
+    assert points[4096] == pytest.approx(perf.prefill_request_s(4096) / 2)  # two ranks in parallel
+
+
+def test_wide_decode_shape():
+    cfg = load_model("mimo_v25_pro")
+    wide = cfg.shape("wide")
+    assert (wide.gpus_per_instance, wide.dp_ranks, wide.gpus_per_rank) == (32, 4, 8)
+    assert wide.kv_tokens_per_rank > cfg.kv_tokens_per_rank and wide.prefill == cfg.prefill
+    # Table 1: EP32 decode per server 1.31 vs EP16 1.20 at 8K, same batch per rank -> a step ~8 % shorter
+    same, wider = PerfModel(cfg), PerfModel(cfg, wide)
+    assert wider.decode_step_s(16, 16 * 8192) / same.decode_step_s(16, 16 * 8192) == pytest.approx(1.20 / 1.31,
+                                                                                                  rel=0.01)
+    with pytest.raises(ValueError, match="wide"):
+        load_model("deepseek_v32").shape("wide")
 
 
 @pytest.mark.parametrize("name", available_models())
@@ -67,8 +87,10 @@ def test_shipped_model_configs_cite_their_sources(name):
     cfg = load_model(name)
     assert cfg.switch_s == 5.0
     assert cfg.sources, "every shipped model must say where its numbers come from"
-    for key in ("gpus_per_instance", "dp_ranks", "chunk_tokens", "switch_s"):
+    for key in ("gpus_per_instance", "dp_ranks", "chunk_tokens", "switch_s", "max_running_per_rank",
+                "reserved_decode_tokens", "transfer_gbytes_per_s"):
         assert key in cfg.sources
+    assert all(cfg.sources[k] for k in cfg.sources)
     perf = PerfModel(cfg)
     assert 0.01 < perf.decode_step_s(16, 16 * 8192) < 0.1  # tens of ms per decode step at Table 1's batch
     assert math.isfinite(perf.profiled_theta(8192))
@@ -78,3 +100,14 @@ def test_model_config_rejects_unknown_fields():
     raw = load_model("mimo_v25_pro").to_dict() | {"bogus": 1}
     with pytest.raises(ValueError, match="bogus"):
         ModelConfig.from_dict(raw)
+
+
+def test_mimo_kv_is_consistent_with_table_1():
+    # Table 1 decodes 512K-token requests at batch 16 per attention DP rank on EP16
+    assert load_model("mimo_v25_pro").kv_tokens_per_rank >= 16 * 512 * 1024
+
+
+def test_assumed_parameters_are_listed():
+    assumed = assumed_parameters(load_model("mimo_v25_pro"))
+    assert "kv_bytes_per_token" in assumed and "max_running_per_rank" not in assumed  # Table 1: 16 per rank
+    assert "kv_tokens_per_rank" not in assumed  # sourced from Table 1

@@ -1,21 +1,24 @@
-"""Role switch execution in the cluster (Appendix C): out of the pool for switch_s, work moves with its progress."""
+"""Role switch execution in the cluster (Appendix C), regrouping for stage-specific shapes, weight updates, NICs."""
+
+import pytest
 
 from sglang_prorsa.sim.cluster import Cluster
 from sglang_prorsa.sim.config import ClusterConfig, RolloutConfig, load_model
 from sglang_prorsa.sim.events import EventQueue
+from sglang_prorsa.sim.instance import Request
 from sglang_prorsa.sim.lifecycle_sink import NullLifecycle
 from sglang_prorsa.sim.trainer import Trainer
+from sglang_prorsa.sim.workloads import workload_tasks
 from sglang_prorsa.srt.role_switch.capacity import InstanceStatus, Role
-from sglang_prorsa.workload.presets import TASKS
 
 
-def build(mode="static", staleness=0):
+def build(mode="static", staleness=0, gpus=64, prefill=2, decode_shape="same"):
     model = load_model("mimo_v25_pro")
     rollout = RolloutConfig(preset="coding_agent", staleness=staleness, group_size=8, groups_per_step=2, steps=2)
     events = EventQueue()
-    trainer = Trainer(rollout, TASKS["coding_agent"], events, NullLifecycle().hint)
-    cluster = Cluster(ClusterConfig(gpus=64, mode=mode, prefill_instances=2), model, rollout, events, trainer,
-                      NullLifecycle())
+    trainer = Trainer(rollout, workload_tasks("coding_agent"), events, None)
+    config = ClusterConfig(gpus=gpus, mode=mode, prefill_instances=prefill, decode_shape=decode_shape)
+    cluster = Cluster(config, model, rollout, events, trainer, NullLifecycle())
     trainer.start(0.0)
     return events, trainer, cluster
 
@@ -31,9 +34,34 @@ def test_switch_takes_the_instance_out_for_switch_s_and_loses_no_trajectory():
     assert decode.status is InstanceStatus.SWITCHING
     events.run(until=65.1)
     assert decode.status is InstanceStatus.ACTIVE and decode.role is Role.PREFILL and decode.role_since == 65.0
+    assert decode.last_switch_s == 5.0
     events.run(until=1e6)
-    assert trainer.finished and sum(r.finished_at is not None for r in trainer.runs) == 32
+    assert trainer.finished and sum(r.finished_at is not None for r in trainer.runs) == 32  # 2 steps x 2 groups x 8
     assert cluster.switches == [(60.0, "i2", "prefill")]
+
+
+def test_stage_specific_shapes_regroup_gpus():
+    # 128 GPUs: 4 prefill instances of 16 GPUs + 2 decode instances of 32 (EP32, 4 ranks)
+    events, trainer, cluster = build(gpus=128, prefill=4, decode_shape="wide")
+    assert [i.gpus for i in cluster.instances] == [16, 16, 16, 16, 32, 32]
+    assert [len(i.ranks) for i in cluster.instances] == [2, 2, 2, 2, 4, 4]
+    events.run(until=30.0)
+    cluster.start_switch("i0", Role.DECODE, 30.0)
+    cluster.start_switch("i1", Role.DECODE, 30.0)
+    events.run(until=36.0)
+    gpus = {i.role: 0 for i in cluster.instances}
+    for inst in cluster.instances:
+        gpus[inst.role] += inst.gpus
+    assert gpus == {Role.PREFILL: 32, Role.DECODE: 96}
+    merged = cluster.instances[0]
+    assert (merged.gpus, merged.role, merged.status, merged.role_since) == (32, Role.DECODE, InstanceStatus.ACTIVE,
+                                                                           35.0)
+    cluster.start_switch(merged.iid, Role.PREFILL, 36.0)  # one 32-GPU decode instance becomes two prefill ones
+    events.run(until=42.0)
+    assert sorted(i.gpus for i in cluster.instances if i.role is Role.PREFILL) == [16, 16, 16, 16]
+    assert sum(i.gpus for i in cluster.instances) == 128
+    events.run(until=1e6)
+    assert trainer.finished and sum(r.finished_at is not None for r in trainer.runs) == 32  # 2 steps x 2 groups x 8
 
 
 def test_weight_update_reprefills_carried_over_contexts():
@@ -43,6 +71,23 @@ def test_weight_update_reprefills_carried_over_contexts():
     assert decoding
     cluster.weight_update(120.0)
     assert cluster.untracked_prefill_tokens() > 0  # their prompt + generated tokens are prefilled again
-    assert all(r.untracked and r.generated == 0 for r in decoding)
+    assert all(r.untracked and r.generated == 0 and r.done == 0 for r in decoding)
+    assert all(rank.cache.tokens == 0 for inst in cluster.instances for rank in inst.ranks)
     events.run(until=1e6)
     assert trainer.finished
+
+
+def test_transfers_through_one_rank_queue_on_its_nics():
+    events, trainer, cluster = build()
+    model = cluster.model
+    prefill, decode = cluster.instances[0], cluster.instances[2]
+    a, b = (Request(900 + k, None, 1_000_000, 1_000_000, 10) for k in range(2))
+    for r in (a, b):
+        cluster._src[r] = (prefill, 0)
+        r.rank = 0
+    wire = decode.perf.transfer_s(1_000_000)  # 1M tokens x 24 KB over 8 NICs of 50 GB/s = 0.06 s
+    assert wire == pytest.approx(1e6 * model.kv_bytes_per_token / (8 * 50e9))
+    cluster._admitted(decode, decode.ranks[0], a, 10.0)
+    cluster._admitted(decode, decode.ranks[0], b, 10.0)
+    assert decode.ranks[0].nic_free == pytest.approx(10.0 + 2 * wire)  # the second waited for the first
+    assert prefill.ranks[0].nic_free == pytest.approx(10.0 + 2 * wire)

@@ -1,0 +1,154 @@
+"""The grid benchmark's results as markdown (benchmarks/results/sim_grid*/README.md): tables, the acceptance reading,
+switch accounting, the paper's numbers beside ours with where we disagree, and every ASSUMED model parameter."""
+
+from __future__ import annotations
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def _table(rows: list[dict]) -> list[str]:
+    out = ["| workload | staleness | groups/step | GPU-bound | colocated s | best static | static s | adaptive s | "
+           "adaptive / best static (per seed) | adaptive / colocated | switches / step | paid | WAPE P / D |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        seeds = ", ".join(f"{x:.3f}" for x in r["adaptive_over_best_seeds"])
+        bound = {True: "yes", False: "no", None: "-"}[r.get("gpu_bound")]
+        wape = "-" if r["wape_prefill"] is None else f"{_pct(r['wape_prefill'])} / {_pct(r['wape_decode'])}"
+        out.append(f"| {r['preset']} | {r['staleness']} | {r['groups']} | {bound} | {r['colocated_s']:.0f} | "
+                   f"{r['best_static']} | {r['best_static_s']:.0f} | {r['adaptive_s']:.0f} | "
+                   f"**{r['adaptive_over_best']:.3f}** ({seeds}) | {r['adaptive_over_colocated']:.2f} | "
+                   f"{r['switches_per_step']:.1f} | {_pct(r['switches_paid_share'])} | {wape} |")
+    return out
+
+
+def _idle(rows: list[dict]) -> list[str]:
+    out = ["| workload | staleness | groups | interference colo / static / adaptive | imbalance colo / static / "
+           "adaptive | prefix hit colo / static / adaptive |", "|---|---|---|---|---|---|"]
+    modes = ("colocated", "best static", "adaptive")
+    for r in rows:
+        out.append(f"| {r['preset']} | {r['staleness']} | {r['groups']} | "
+                   + " / ".join(_pct(r["interference"][m]) for m in modes) + " | "
+                   + " / ".join(_pct(r["imbalance"][m]) for m in modes) + " | "
+                   + " / ".join(_pct(r["prefix_hit"][m]) for m in modes) + " |")
+    return out
+
+
+def _span(values: list[float], fmt: str = "{:.2f}") -> str:
+    return "-" if not values else (fmt.format(min(values)) + "-" + fmt.format(max(values)) + "x").replace("x-", "-")
+
+
+def _comparison(rows: list[dict], shift: list[dict]) -> list[str]:
+    top = {}
+    for r in rows:
+        key = (r["preset"], r["staleness"])
+        if key not in top or r["groups"] > top[key]["groups"]:
+            top[key] = r
+    agentic = [1 / r["adaptive_over_colocated"] for (p, _), r in top.items() if p != "math"]
+    math_norm = [r["adaptive_over_colocated"] for (p, _), r in top.items() if p == "math"]
+    switching = [1 / r["adaptive_over_best"] for r in list(top.values()) + shift]
+    wp = [r["wape_prefill"] for r in top.values() if r["wape_prefill"] is not None and r["preset"] != "math"]
+    wd = [r["wape_decode"] for r in top.values() if r["wape_decode"] is not None and r["preset"] != "math"]
+    best = {f"{p} / {'on-policy' if k == 0 else f'stale {k}'}": r["best_static"] for (p, k), r in sorted(top.items())}
+    return [
+        "| quantity | paper | this simulator (top load of each cell) |", "|---|---|---|",
+        f"| agentic speedup of adaptive over colocation | 1.11-4.05x | {_span(agentic)} |",
+        f"| math step time, adaptive / colocation | 0.86-1.28 | {_span(math_norm)} |",
+        f"| role switching over the best static ratio | 1.0-1.44x (MiMo-V2.5-Pro) | {_span(switching)} "
+        "(grid and shifting mix) |",
+        f"| WAPE prefill / decode (agentic) | 5.40-14.37 % / 5.19-13.69 % | "
+        f"{_span([100 * w for w in wp], '{:.0f}').rstrip('x')} % / {_span([100 * w for w in wd], '{:.0f}').rstrip('x')} % |",
+        "| best static ratio (8 instances) | math 4:4, coding 5:3, general 3:5 | "
+        + ", ".join(f"{k} {v}" for k, v in best.items()) + " |",
+    ]
+
+
+DISAGREE = """Where we disagree with the paper, and why (our reading, not a measurement of the paper's system):
+
+- **Colocation is hard to beat here.** With MiMo's two attention-DP ranks, a prefill chunk holds at most one other rank,
+  so interference costs a few percent of GPU time (fig6); the paper measures up to 26 %. Colocated ranks also keep
+  prompt + output in their prefix cache, PD prefill ranks only the prompt, so colocation prefills less. Our per-rank
+  costs are public profiles and ASSUMED values, not the paper's kernels; interference grows with the prefill:decode
+  time ratio per iteration, which we may underestimate.
+- **Best static ratios lean to decode.** The decode batch is capped at 16 per attention-DP rank (Table 1's setting),
+  so decode capacity is scarce and most cells prefer 1:7 or 2:6; the paper's 5:3 for coding implies much heavier
+  prefill per turn than our workload generator produces (prompt growth, cache hits).
+- **Switching gains are small on the paper's own tasks and large on a shifting mix.** A controller that only switches
+  when a role is short and the move pays matches the best static ratio within a few percent in every cell, but each
+  task alone keeps its prefill:decode mix steady enough that one static ratio fits; the gain appears when the mix
+  moves inside a step (math + long-document agent), where no static ratio fits both halves of the step.
+- **WAPE** comes from the forecast (another issue); math WAPE is high because a synchronous math step has one burst
+  of arrivals at t = 0, forecast by the window that opens before the burst is reported."""
+
+
+def markdown(result: dict, model: str, assumed: dict[str, str], paper: dict[str, str]) -> str:
+    lines = [f"# Cluster simulator: {model}", "",
+             f"Produced by `python benchmarks/bench_sim_grid.py {' '.join(_cli(result))}` "
+             f"({result.get('wall_s', 0):.0f} s wall on 2 shared cores). Step times are means over seeds of each "
+             "run's steady step time (asynchronous runs with staleness k run k + 1 warm-up steps first). Best static "
+             "= the fastest of *every* static ratio, chosen per cell and load. GPU-bound = the best static step time "
+             "grew >= 1.5x over half the load.", ""]
+    rows = result.get("rows") or []
+    shift = result.get("shift") or []
+    if rows:
+        bound = [r for r in rows if r.get("gpu_bound")]
+        lines += ["## Grid", ""] + _table(rows) + [""]
+        if bound:
+            worst = max(bound, key=lambda r: r["adaptive_over_best"])
+            ok = all(r["adaptive_over_best"] <= 1.02 for r in bound)
+            lines += [f"At GPU-bound loads ({len(bound)} of {len(rows)} rows) adaptive / best static is at most "
+                      f"**{worst['adaptive_over_best']:.3f}** ({worst['preset']}, staleness {worst['staleness']}, "
+                      f"{worst['groups']} groups): the <= 1.02 target is {'met' if ok else 'NOT met'} in every "
+                      "GPU-bound row.", ""]
+            missing = sorted({(r["preset"], r["staleness"]) for r in rows} - {(r["preset"], r["staleness"])
+                                                                              for r in bound})
+            if missing:
+                lines += ["Cells without a GPU-bound load in this sweep: " + ", ".join(
+                    f"{p}/{k}" for p, k in missing) + ".", ""]
+        lines += ["### Where the GPU time goes", ""] + _idle(rows) + [""]
+    if shift:
+        lines += ["## Shifting prefill:decode mix", "",
+                  "A mixed batch of math (every request arrives at the step's start and decodes for minutes) and a "
+                  "long-document agent (ASSUMED task, sim/workloads.py: its context, hence the prefill a prefix-cache "
+                  "miss costs, grows turn after turn): the step goes from decode-bound to prefill-bound.", ""]
+        lines += _table(shift) + [""]
+    if result.get("wide"):
+        same = {(r["preset"], r["staleness"], r["groups"]): r for r in rows}
+        lines += ["## Stage-specific parallelism", "",
+                  "Decode instances at the model's wide shape (MiMo: EP32, 4 attention-DP ranks, Table 1), prefill "
+                  "at EP16; switches regroup two prefill instances into one decode instance and back. The paper "
+                  "reports 1.04-1.09x for doubling decode EP on the coding task.", ""]
+        lines += _table(result["wide"]) + [""]
+        for r in result["wide"]:
+            base = same.get((r["preset"], r["staleness"], r["groups"]))
+            if base:
+                lines.append(f"- {r['preset']} staleness {r['staleness']}: best static with wide decode "
+                             f"{r['best_static_s']:.0f} s vs same shape {base['best_static_s']:.0f} s "
+                             f"(**{base['best_static_s'] / r['best_static_s']:.2f}x**); adaptive wide "
+                             f"{r['adaptive_s']:.0f} s vs adaptive same {base['adaptive_s']:.0f} s.")
+        lines += [""]
+    if rows:
+        lines += ["## Beside the paper", ""] + _comparison(rows, shift) + ["", DISAGREE, ""]
+    if result.get("speed"):
+        lines += ["## Simulator speed", "", "| mode | simulated h | wall s | CPU s | GPU-h / wall-s | GPU-h / CPU-s |",
+                  "|---|---|---|---|---|---|"]
+        for s in result["speed"]:
+            lines.append(f"| {s['mode']} | {s['sim_s'] / 3600:.2f} | {s['wall_s']:.1f} | {s['cpu_s']:.1f} | "
+                         f"{s['gpu_hours_per_wall_s']:.1f} | {s['gpu_hours_per_cpu_s']:.1f} |")
+        lines += [""]
+    lines += ["## ASSUMED parameters of this model", "",
+              "Every other parameter cites a paper table, a public profile or an SGLang default "
+              "(sglang_prorsa/sim/models/*.json, `sources`). The workload presets (workload/presets.py) and our "
+              "document_agent task are ASSUMED stand-ins too.", ""]
+    lines += [f"- `{k}`: {v}" for k, v in assumed.items()] + [""]
+    return "\n".join(lines)
+
+
+def _cli(result: dict) -> list[str]:
+    args = result.get("args", {})
+    keep = ("model", "seeds", "jobs")
+    out = [f"--{k} {args[k]}" for k in keep if k in args]
+    if args.get("out") and "sim_grid_" in str(args.get("out")):
+        out.append(f"--out {args['out'].split('benchmarks/', 1)[-1] if 'benchmarks/' in args['out'] else args['out']}")
+    return out + (["--shift"] if result.get("shift") else [])
