@@ -60,7 +60,9 @@ from sglang_prorsa.workload.presets import TASKS
 
 MODES = ("adaptive", "static", "colocated", "single")
 MODE_FLAG = {"adaptive": "--pd-adaptive", "static": "--pd-static", "colocated": "--pd-colocated"}
-FRONT_MODES = {"pd-adaptive", "pd-static", "pd-colocated"}  # /prorsa/info "mode" of a front that reports requests
+# /prorsa/info "mode" of servers whose engines report request transitions themselves (a front's instances, or a single
+# server with its own control plane): the client then sends only the trainer's hints.
+FRONT_MODES = {"adaptive", "static", "colocated", "single"}
 TOKEN_LO, TOKEN_HI = 10, 1000  # token ids drawn for prompts and tool output: clear of the tiny vocab's specials
 
 
@@ -858,8 +860,7 @@ def main(argv: list[str] | None = None) -> int:
         import requests
 
         info = requests.get(args.url.rstrip("/") + "/prorsa/info", timeout=10).json()
-        label = args.label or {"pd-adaptive": "adaptive", "pd-static": "static",
-                               "pd-colocated": "colocated"}.get(info.get("mode"), "single")
+        label = args.label or (info.get("mode") if info.get("mode") in MODES else "single")
         row, rec = run_on(args.url.rstrip("/"), label, workload, args, {"url": args.url})
         rows.append(row)
         recs[label] = rec

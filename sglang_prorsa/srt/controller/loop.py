@@ -18,9 +18,9 @@ from sglang_prorsa.srt.controller.http import Http
 from sglang_prorsa.srt.controller.orchestrator import Orchestrator, SwitchRefused
 from sglang_prorsa.srt.controller.registry import Instance, Registry, State
 from sglang_prorsa.srt.lifecycle.control_plane import LifecycleControlPlane
-from sglang_prorsa.srt.role_switch.controller import ControllerConfig, RoleSwitchController
+from sglang_prorsa.srt.role_switch.controller import ControlInputs, ControllerConfig, RoleSwitchController
 from sglang_prorsa.srt.role_switch.planner import PlannerConfig
-from sglang_prorsa.srt.role_switch.throughput import ThroughputConfig, ThroughputEstimator
+from sglang_prorsa.srt.role_switch.theta import ThetaConfig, ThetaModel, ThetaSample
 from sglang_prorsa.srt.utils.clock import WallClock
 
 logger = logging.getLogger(__name__)
@@ -42,10 +42,12 @@ class ControlLoop:
         self.control_plane = control_plane
         self.http = http
         clock = WallClock()
-        self.throughput = ThroughputEstimator(ThroughputConfig(profiled_theta=PROFILED_THETA_P), clock)
+        # θ (issue 11): a continuous model of the prefill schedulers' own busy intervals, from this prior until
+        # measured; never the front's PD round trips (they time transfers, not prefill).
+        self.theta = ThetaModel(ThetaConfig(per_new_token_s=1.0 / PROFILED_THETA_P, reference_prompt_tokens=1024.0))
         planner = PlannerConfig(min_dwell_s=config.prorsa_min_dwell_s, hysteresis=config.prorsa_hysteresis)
         self.controller = RoleSwitchController(ControllerConfig(horizon_s=config.prorsa_horizon_s, planner=planner),
-                                               self.throughput, clock)
+                                               self.theta, clock)
         self.decisions = 0
         self.held_ticks = 0
         self.busy_intervals = 0
@@ -97,13 +99,29 @@ class ControlLoop:
         inst.kv_capacity_tokens = int(st.get("kv_capacity_tokens", 0))
         inst.prefix_cache_tokens = int(st.get("prefix_cache_tokens", 0))
         for interval in st.get("busy_intervals") or []:
-            inst.busy_seq = max(inst.busy_seq, int(interval["seq"]))
+            seq = int(interval["seq"])
+            if seq <= inst.busy_seq:
+                continue  # seen already (a poll raced a restart's renumbering)
+            inst.busy_seq = seq
             self.busy_intervals += 1
+            self._observe(inst, interval)
         if inst.state is State.UNHEALTHY and st.get("role") == inst.role:
             logger.info("instance %s answers again: active", inst.instance_id)
             inst.epoch += 1  # it may have restarted behind the same address: decode instances re-learn it
             self.registry.set_state(inst, State.ACTIVE)
             await self.orchestrator.push_peers()
+
+    def _observe(self, inst: Instance, interval: dict[str, Any]) -> None:
+        """One prefill busy interval (idle -> busy -> idle) of a scheduler -> one θ sample."""
+        if interval.get("role") != "prefill" or int(interval.get("requests", 0)) <= 0:
+            return
+        try:
+            sample = ThetaSample(inst.instance_id, int(interval["new_tokens"]), int(interval["cached_tokens"]),
+                                 int(interval["requests"]), float(interval["seconds"]))
+        except (KeyError, TypeError, ValueError) as e:
+            logger.warning("busy interval of %s ignored: %s", inst.instance_id, e)
+            return
+        self.controller.observe(sample)
 
     # -- deciding -----------------------------------------------------------------------------------------------------
     async def _control_forever(self) -> None:
@@ -121,9 +139,12 @@ class ControlLoop:
         if self.orchestrator.held_by:
             self.held_ticks += 1
             return {"held_by": self.orchestrator.held_by, "forecast": forecast.to_dict(), "executed": []}
-        profile = self.throughput.profile_of(1024)
-        decision = self.controller.step(forecast.prefill_tokens, forecast.decode_kv_tokens, self.registry.reports(),
-                                        profile)
+        src = forecast.sources
+        control = ControlInputs(
+            forecast.prefill_tokens, forecast.decode_kv_tokens,
+            prefill_backlog_tokens=min(forecast.prefill_tokens, max(0.0, float(src.backlog))),
+            paused=bool(self.control_plane.tracker.paused))
+        decision = self.controller.tick(control, self.registry.reports())
         self.decisions += 1
         executed = []
         for sw in decision.plan.switches:
@@ -134,7 +155,7 @@ class ControlLoop:
         return {"decision": decision.to_dict(), "forecast": forecast.to_dict(), "executed": executed}
 
     def decision(self) -> dict[str, Any]:
-        return {"decision": self.controller.last_decision(), "theta_p": self.throughput.snapshot(),
+        return {"decision": self.controller.last_decision(), "theta_p": self.controller.theta_snapshot(),
                 "horizon_s": self.config.prorsa_horizon_s, "held_by": self.orchestrator.held_by,
                 "held_ticks": self.held_ticks}
 

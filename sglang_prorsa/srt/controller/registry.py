@@ -88,7 +88,8 @@ class Instance:
             instance_id=self.instance_id, role=Role(role), status=status, gpus=self.gpus,
             inflight_prompt_tokens=0 if decode else self.inflight_prompt_tokens,
             decode_kv_used=self.kv_footprint_tokens if decode else 0,
-            decode_kv_capacity=self.kv_capacity_tokens if decode else 0, role_since=self.role_since)
+            decode_kv_capacity=self.kv_capacity_tokens if decode else 0, role_since=self.role_since,
+            running_requests=self.running, queued_requests=self.queued, prefix_cache_tokens=self.prefix_cache_tokens)
 
 
 class UnknownInstance(KeyError):

@@ -48,3 +48,27 @@ def test_fan_out_answers_keep_sglangs_shape_or_list_the_failures():
     body = json.loads(bad.body)
     assert bad.status_code == 400 and body["success"] is False and body["instances"]["1"]["status"] == 400
     assert body["message"] == "1 of 2 instances failed"
+
+
+def test_the_control_loop_fits_theta_from_prefill_busy_intervals_only():
+    """Issue 11: θ comes from the schedulers' busy intervals (GET /prorsa/status?since=), not from round trips."""
+    from sglang_prorsa.config import split_prorsa_flags
+    from sglang_prorsa.srt.controller.loop import ControlLoop
+    from sglang_prorsa.srt.forecast.config import PredictorConfig
+    from sglang_prorsa.srt.lifecycle.control_plane import LifecycleControlPlane
+
+    config, _ = split_prorsa_flags(["--pd-adaptive", "--prorsa-horizon", "4"])
+    loop = ControlLoop(config, Registry(), orchestrator=None, control_plane=LifecycleControlPlane(
+        None, PredictorConfig(horizon_s=4.0)), http=None, health=None)
+    assert loop.controller.config.horizon_s == 4.0
+    inst = Instance("p0", "u", "prefill", state=State.ACTIVE)
+    before = loop.controller.theta_snapshot()["theta_cold"]
+    for k in range(40):  # a prefill instance 4x slower than the prior: 500 new tokens/s
+        loop._observe(inst, {"seq": k + 1, "role": "prefill", "seconds": 2.0, "new_tokens": 1000,
+                             "cached_tokens": 0, "requests": 2})
+    loop._observe(inst, {"seq": 41, "role": "decode", "seconds": 9.0, "new_tokens": 0, "cached_tokens": 0,
+                         "requests": 3})  # decode intervals say nothing about prefill speed
+    loop._observe(inst, {"seq": 42, "role": "prefill", "seconds": "x"})  # malformed: ignored, not raised
+    snap = loop.controller.theta_snapshot()
+    assert snap["samples"] == 40 and snap["samples_per_instance"] == {"p0": 40}
+    assert snap["theta_cold"] < before and abs(snap["theta_cold"] - 500.0) < 100.0
