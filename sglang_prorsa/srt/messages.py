@@ -34,6 +34,7 @@ class Code(str, enum.Enum):
     UPSTREAM = "upstream"  # an instance answered with an error
     TIMEOUT = "timeout"
     RESUME_FAILED = "resume_failed"
+    UNSUPPORTED = "unsupported"  # the operation cannot run on this instance's device (e.g. memory release on CPU)
 
 
 class Stage(str, enum.Enum):

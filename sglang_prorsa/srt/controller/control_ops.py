@@ -155,8 +155,10 @@ def _combine(results: dict[str, dict], ok: bool) -> Response:
         return JSONResponse(body)
     failed = {iid: r for iid, r in per_instance.items() if not 200 <= r["status"] < 300}
     status = next(iter(failed.values()))["status"]
+    codes = {r["body"].get("code") if isinstance(r["body"], dict) else None for r in failed.values()}
+    code = codes.pop() if len(codes) == 1 and None not in codes else Code.UPSTREAM.value  # one shared cause: say it
     return JSONResponse({"success": False, "message": f"{len(failed)} of {len(results)} instances failed",
-                         "code": Code.UPSTREAM.value, "instances": per_instance}, status_code=status)
+                         "code": code, "instances": per_instance}, status_code=status)
 
 
 def mount(app: FastAPI, ops: ControlOps) -> None:

@@ -1,6 +1,7 @@
-"""The instance's ASGI middleware: starts the engine extension on the server's event loop, and moves a
+"""The instance's ASGI middleware: starts the engine extension on the server's event loop, moves a
 ``trajectory_id`` body field (accepted by our front and instances, unknown to SGLang's request schema) into the
-``X-Trajectory-Id`` header, where the engine reads it."""
+``X-Trajectory-Id`` header, where the engine reads it, and refuses what this device cannot do (SGLang 0.5.23's memory
+release/resume goes through torch_memory_saver and CUDA: on a CPU instance it kills the scheduler)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ from typing import Any
 import orjson
 
 GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
+CUDA_ONLY_PATHS = frozenset({"/release_memory_occupation", "/resume_memory_occupation"})
 TRAJECTORY_FIELD = b'"trajectory_id"'
 
 
 class EngineMiddleware:
-    def __init__(self, app: Any, side: Any) -> None:
+    def __init__(self, app: Any, side: Any, cpu: bool = False) -> None:
         self.app = app
         self.side = side
+        self.cpu = cpu
         self.started = False
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -24,6 +27,8 @@ class EngineMiddleware:
         if not self.started:
             self.started = True
             await self.side.start()
+        if self.cpu and scope["path"] in CUDA_ONLY_PATHS:
+            return await _unsupported(send, scope["path"])
         if scope["method"] != "POST" or scope["path"] not in GENERATION_PATHS:
             return await self.app(scope, receive, send)
         body = await _read_body(receive)
@@ -39,6 +44,17 @@ class EngineMiddleware:
             return await receive()
 
         return await self.app(scope, replay, send)
+
+
+async def _unsupported(send: Any, path: str) -> None:
+    from sglang_prorsa.srt.messages import Code
+
+    body = orjson.dumps({"success": False, "code": Code.UNSUPPORTED.value,
+                         "message": f"{path[1:]} needs a CUDA device (SGLang's torch_memory_saver); "
+                                    "this instance runs on cpu"})
+    await send({"type": "http.response.start", "status": 400,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _read_body(receive: Any) -> bytes:

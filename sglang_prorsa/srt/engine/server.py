@@ -99,7 +99,7 @@ def run_instance(spec: InstanceSpec) -> None:
         app.include_router(make_router(control_plane))
         side.events.local = lambda events: control_plane.ingest_payload({"events": events})
         mark_admin_routes(app, {("POST", "/lifecycle/config")})
-    app.add_middleware(EngineMiddleware, side=side)
+    app.add_middleware(EngineMiddleware, side=side, cpu=str(server_args.device) == "cpu")
 
     def on_serving() -> None:  # SGLang calls this from its warm-up thread once the server answers
         if spec.controller_url:

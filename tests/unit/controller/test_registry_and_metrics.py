@@ -47,7 +47,11 @@ def test_fan_out_answers_keep_sglangs_shape_or_list_the_failures():
                    ok=False)
     body = json.loads(bad.body)
     assert bad.status_code == 400 and body["success"] is False and body["instances"]["1"]["status"] == 400
-    assert body["message"] == "1 of 2 instances failed"
+    assert body["message"] == "1 of 2 instances failed" and body["code"] == "upstream"
+    unsupported = b'{"success": false, "code": "unsupported"}'
+    same = json.loads(_combine({"0": {"status": 400, "raw": unsupported}, "1": {"status": 400, "raw": unsupported}},
+                               ok=False).body)
+    assert same["code"] == "unsupported"  # one shared cause is named, not hidden behind "upstream"
 
 
 def test_the_control_loop_fits_theta_from_prefill_busy_intervals_only():
