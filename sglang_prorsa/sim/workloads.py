@@ -14,9 +14,14 @@ presets'; they exist to test a shifting mix, not to claim a measured workload.
 
 from __future__ import annotations
 
-from sglang_prorsa.workload.presets import TASKS, LogNormal, TaskProfile, ToolSpec
+from dataclasses import replace
 
-RESEARCH_AGENT = TaskProfile(
+from sglang_prorsa.workload.presets import GENERAL_AGENT, TASKS, LogNormal, TaskProfile, ToolSpec
+
+# Both share the general agent's sandbox, dispatch, overhead and reward timings; they differ in turns, prompts, outputs
+# and tools.
+RESEARCH_AGENT = replace(
+    GENERAL_AGENT,
     name="research_agent",
     turns=LogNormal(10, 0.3, 4, 30),
     first_prompt_tokens=LogNormal(2000, 0.3, 500, 8000),
@@ -25,35 +30,19 @@ RESEARCH_AGENT = TaskProfile(
         ToolSpec("fetch", 0.7, LogNormal(6.0, 0.5, 0.5, 60), LogNormal(9000, 0.4, 1000, 40000)),
         ToolSpec("search", 0.3, LogNormal(3.0, 0.5, 0.3, 30), LogNormal(3000, 0.5, 200, 12000)),
     ),
-    agent_overhead_s=LogNormal(0.2, 0.5, 0.02, 5),
-    uses_sandbox=True,
-    prewarm_hit_rate=0.9,
-    prewarm_start_s=LogNormal(1.5, 0.4, 0.2, 20),
-    cold_start_s=LogNormal(20.0, 0.4, 3, 120),
-    dispatch_s=LogNormal(0.3, 0.5, 0.02, 5),
-    first_request_s=LogNormal(0.3, 0.5, 0.02, 5),
-    reward_s=LogNormal(8.0, 0.5, 1, 120),
-    accept_rate=0.8,
 )
 
 # A long-document agent: every turn reads a large document (tool result ~10k tokens) and answers briefly, for many
 # turns, so its context (and the prefill a prefix-cache miss costs) grows turn after turn. Mixed with math, whose
 # requests all arrive at the step's start and decode for minutes, the step goes from decode-bound to prefill-bound.
-DOCUMENT_AGENT = TaskProfile(
+DOCUMENT_AGENT = replace(
+    GENERAL_AGENT,
     name="document_agent",
     turns=LogNormal(16, 0.2, 8, 30),
     first_prompt_tokens=LogNormal(3000, 0.3, 500, 8000),
     output_tokens=LogNormal(200, 0.5, 20, 2000),
     tools=(ToolSpec("read", 1.0, LogNormal(30.0, 0.3, 5, 120), LogNormal(10000, 0.3, 2000, 30000)),),
-    agent_overhead_s=LogNormal(0.2, 0.5, 0.02, 5),
-    uses_sandbox=True,
-    prewarm_hit_rate=0.9,
-    prewarm_start_s=LogNormal(1.5, 0.4, 0.2, 20),
-    cold_start_s=LogNormal(20.0, 0.4, 3, 120),
-    dispatch_s=LogNormal(0.3, 0.5, 0.02, 5),
-    first_request_s=LogNormal(0.3, 0.5, 0.02, 5),
     reward_s=LogNormal(5.0, 0.5, 1, 60),
-    accept_rate=0.8,
 )
 
 SIM_TASKS: dict[str, TaskProfile] = {**TASKS, RESEARCH_AGENT.name: RESEARCH_AGENT, DOCUMENT_AGENT.name: DOCUMENT_AGENT}

@@ -150,7 +150,7 @@ def build_app(front: Front) -> FastAPI:
             logger.info("instance %s registered from %s as %s", inst.instance_id, inst.url, inst.role)
             await front.orchestrator.push_peers()
             if front.orchestrator.router is not None and inst.role in ("prefill", "decode"):
-                await front.orchestrator.router.add(inst.url, inst.role, inst.bootstrap_port)
+                await front.orchestrator.router.add_eventually(inst.url, inst.role, inst.bootstrap_port)
         return {"instance": inst.describe(), "new": new, "version": front.registry.version}
 
     @app.get("/workers")

@@ -123,7 +123,7 @@ class Health:
             self.registry.set_state(inst, State.ACTIVE)
             await self.orchestrator.push_peers()
             if self.orchestrator.router is not None and inst.role in ("prefill", "decode"):
-                await self.orchestrator.router.add(inst.url, inst.role, inst.bootstrap_port)
+                await self.orchestrator.router.add_eventually(inst.url, inst.role, inst.bootstrap_port)
         except Exception:
             logger.exception("restart of instance %s failed; it stays out of the pools", iid)
         finally:

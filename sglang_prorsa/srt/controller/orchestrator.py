@@ -66,6 +66,7 @@ class Orchestrator:
         async with self.lock:
             self.check(instance_id, new_role)
             inst = self.registry.get(instance_id)
+            await self._refuse_if_held(inst)
             old_role = inst.role
             t0 = time.perf_counter()
             self.registry.set_state(inst, State.DRAINING, target_role=new_role)
@@ -92,7 +93,7 @@ class Orchestrator:
                 await self.push_peers()
                 t_back = time.perf_counter()
                 if self.router is not None:
-                    await self.router.add(inst.url, new_role, inst.bootstrap_port)
+                    await self.router.add_eventually(inst.url, new_role, inst.bootstrap_port)
             except _Declined:
                 raise
             except (SwitchRefused, RouterPoolError, OSError, asyncio.TimeoutError) as e:
@@ -115,11 +116,24 @@ class Orchestrator:
                         timings["controller_total_s"], out["taken"])
             return out
 
+    async def _refuse_if_held(self, inst) -> None:
+        """A trainer that paused or released an instance directly (as slime and AReaL do) holds its switches: refuse
+        before taking it out of any pool. (The instance checks again itself; this only spares the pools a round trip
+        that sglang-router's health check could not complete while the instance is paused.)"""
+        try:
+            status, st = await self.http.get(inst.url + "/prorsa/status", timeout_s=10)
+        except (OSError, asyncio.TimeoutError):
+            return  # the switch itself will find out
+        held = st.get("held_by") if status == 200 and isinstance(st, dict) else None
+        if held:
+            raise SwitchRefused(409, Code.CONTROL_OPERATION,
+                                f"instance {inst.instance_id} holds switches: {', '.join(held)}")
+
     async def _restore(self, inst, role: str) -> None:
         self.registry.set_state(inst, State.ACTIVE)
         await self.push_peers()
         if self.router is not None:
-            await self.router.add(inst.url, role, inst.bootstrap_port)
+            await self.router.add_eventually(inst.url, role, inst.bootstrap_port)
 
     async def sync_router(self) -> None:
         """At start-up: the external router's pools hold exactly our active PD instances, each in its role's pool."""
@@ -128,7 +142,7 @@ class Orchestrator:
         for inst in self.registry:
             if inst.state is State.ACTIVE and inst.role in ("prefill", "decode"):
                 await self.router.remove(inst.url)  # it may be listed under the other role from an earlier run
-                await self.router.add(inst.url, inst.role, inst.bootstrap_port)
+                await self.router.add_eventually(inst.url, inst.role, inst.bootstrap_port)
 
     async def push_peers(self) -> None:
         """Every instance learns the registry (where resumed requests may go) before anything else happens."""

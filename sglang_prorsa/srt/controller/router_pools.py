@@ -4,6 +4,9 @@ Facts for sglang-router 0.3.2 (checked here against the installed wheel): ``GET 
 ``id``, ``url`` and ``worker_type``; ``POST /workers {url, worker_type, bootstrap_port}`` adds one and
 ``DELETE /workers/{id}`` removes one, both asynchronously (202), so each change is polled until it shows in
 ``GET /workers``. ``PUT`` cannot change a worker's type: moving an instance between pools is a removal then an add.
+An add runs the router's health check against the worker (``GET /health``, which generates a token): a paused
+instance cannot pass it, so an add that does not show in time is retried in the background until it does (or until
+the next change of that worker supersedes it) instead of failing the switch that already happened.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from sglang_prorsa.srt.controller.http import Http
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.1
+RETRY_EVERY_S = 5.0
+RETRY_FOR_S = 3600.0
 
 
 class RouterPoolError(RuntimeError):
@@ -31,6 +36,7 @@ class RouterPools:
         self.http = http
         self.timeout_s = timeout_s
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}  # the router's key, not ours
+        self.pending: dict[str, asyncio.Task] = {}  # url -> background re-add (one per worker, newest wins)
 
     async def workers(self) -> list[dict[str, Any]]:
         status, body = await self.http.get(self.url + "/workers", headers=self.headers)
@@ -46,6 +52,7 @@ class RouterPools:
 
     async def remove(self, url: str) -> None:
         """Take ``url`` out of its pool and wait until the router no longer lists it."""
+        self._supersede(url)
         worker = await self._find(url)
         if worker is None:
             return
@@ -56,15 +63,50 @@ class RouterPools:
             raise RouterPoolError(f"DELETE /workers/{wid} answered {status}: {body}")
         await self._until(lambda w: w is None, url, "removed")
 
+    async def add_eventually(self, url: str, role: str, bootstrap_port: int | None) -> bool:
+        """``add``; if the router does not list it in time, keep retrying in the background. True: listed now."""
+        try:
+            await self.add(url, role, bootstrap_port)
+            return True
+        except RouterPoolError as e:
+            logger.warning("%s; retrying in the background every %.0f s", e, RETRY_EVERY_S)
+            self.pending[url] = asyncio.get_running_loop().create_task(self._retry_add(url, role, bootstrap_port))
+            return False
+
+    async def _retry_add(self, url: str, role: str, bootstrap_port: int | None) -> None:
+        deadline = time.monotonic() + RETRY_FOR_S
+        while time.monotonic() < deadline:
+            await asyncio.sleep(RETRY_EVERY_S)
+            try:
+                worker = await self._find(url)
+                if worker is not None and _type_of(worker) == role:
+                    break
+                await self._post(url, role, bootstrap_port)
+            except (RouterPoolError, OSError, asyncio.TimeoutError) as e:
+                logger.warning("re-adding %s as %s: %s", url, role, e)
+        else:
+            logger.error("gave up re-adding %s to the router's %s pool after %.0f s", url, role, RETRY_FOR_S)
+        if self.pending.get(url) is asyncio.current_task():
+            del self.pending[url]
+
+    def _supersede(self, url: str) -> None:
+        task = self.pending.pop(url, None)
+        if task is not None:
+            task.cancel()
+
     async def add(self, url: str, role: str, bootstrap_port: int | None) -> None:
         """Put ``url`` into the ``role`` pool and wait until the router lists it there."""
+        self._supersede(url)
+        await self._post(url, role, bootstrap_port)
+        await self._until(lambda w: w is not None and _type_of(w) == role, url, f"added as {role}")
+
+    async def _post(self, url: str, role: str, bootstrap_port: int | None) -> None:
         payload: dict[str, Any] = {"url": url, "worker_type": role}
         if role == "prefill":
             payload["bootstrap_port"] = bootstrap_port
         status, body = await self.http.post(self.url + "/workers", payload, headers=self.headers)
         if status not in (200, 201, 202):
             raise RouterPoolError(f"POST /workers answered {status}: {body}")
-        await self._until(lambda w: w is not None and _type_of(w) == role, url, f"added as {role}")
 
     async def _until(self, ok, url: str, what: str) -> None:
         deadline = time.monotonic() + self.timeout_s

@@ -172,6 +172,15 @@ def handed_on_output(rid: str, prompt_tokens: int) -> dict[str, Any]:
         "input_token_logprobs": [], "output_token_logprobs": [], "prorsa": {"handed_on": True}}}
 
 
+def aborted_output(rid: str, prompt_tokens: int, message: str) -> dict[str, Any]:
+    """A request aborted by the trainer (``pause_generation`` in abort mode) while it waited for its KV: answered as
+    SGLang answers an aborted request on a colocated server (finish reason ``abort``), not as a failed transfer."""
+    return {"text": "", "output_ids": [], "meta_info": {
+        "id": rid, "finish_reason": {"type": "abort", "message": message},
+        "prompt_tokens": prompt_tokens, "completion_tokens": 0, "cached_tokens": 0,
+        "input_token_logprobs": [], "output_token_logprobs": [], "weight_versions": []}}
+
+
 def kept_from(record: MigratedRequest, state: Any, last_out: dict[str, Any] | None, delivered: tuple[int, int]) -> Kept:
     """What the continuation keeps: the record's tokens, their logprobs from the tokenizer manager's state."""
     k = len(record.output_ids)

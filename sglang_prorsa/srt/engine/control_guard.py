@@ -43,6 +43,8 @@ def wrap_control(name: str) -> Callable[[Callable], Callable]:
             side = hooks.ENGINE
             if side is None:
                 return await original(self, *args, **kwargs)
+            if name == "pause_generation" and getattr(args[0] if args else kwargs.get("obj"), "mode", None) == "abort":
+                side.user_aborts += 1  # requests failing from here on were aborted by the trainer (hooks.py)
             async with side.ops_lock:
                 out = await original(self, *args, **kwargs)
             if _succeeded(out):

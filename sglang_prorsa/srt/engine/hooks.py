@@ -15,7 +15,7 @@ import contextvars
 import logging
 from typing import Any
 
-from sglang_prorsa.srt.engine.continuation import RESUME_HEADER, ROLE_HEADER
+from sglang_prorsa.srt.engine.continuation import RESUME_HEADER, ROLE_HEADER, aborted_output
 from sglang_prorsa.srt.engine.side import EngineSide, forwarded_headers
 from sglang_prorsa.srt.lifecycle.events import MAX_ID_CHARS
 from sglang_prorsa.srt.messages import Code
@@ -127,6 +127,7 @@ def wrap_stream_one_response(original):
         tid = trajectory_of(request) if report else None
         if tid:
             side.events.arrived(tid, _prompt_tokens(self, obj), _prefill_of(side, obj))
+        aborts_at_entry = side.user_aborts
         ids = text = 0  # what the caller has received so far (streaming)
         incremental = bool(obj.stream) and bool(self.incremental_streaming_output)
         first = True
@@ -154,7 +155,14 @@ def wrap_stream_one_response(original):
                 raise
             record = side.book.claim(obj.rid)
             if record is None:
-                raise
+                if side.user_aborts == aborts_at_entry or ids:
+                    raise
+                # SGLang fails a PD half whose transfer a pause(abort) cut with an HTTP error; the trainer asked for
+                # an abort, so it gets one, in the shape of every other aborted request.
+                yield aborted_output(obj.rid, _prompt_tokens(self, obj), "aborted by pause_generation(mode=abort)")
+                if tid:
+                    side.events.decoded(tid, 0)
+                return
             async for resumed in side.resume(obj, state, record, None, (ids, text), forwarded_headers(request)):
                 ids, text = _delivered(resumed, ids, text, incremental)
                 yield resumed

@@ -54,6 +54,7 @@ class EngineSide:
         self.rebuilding = False
         self._rebuilt = asyncio.Event()
         self._rebuilt.set()
+        self.user_aborts = 0  # pause_generation(mode=abort) calls seen (control_guard.py)
         self.entering = 0  # generation requests inside the tokenizer manager, not yet handed to the scheduler
         self.ops_lock = asyncio.Lock()  # a busy switch and SGLang's control operations never interleave here
         self.held: set[str] = set()  # control states that hold switches (generation paused, memory released)
