@@ -790,7 +790,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--tag", default=None, help="file name prefix (default: rollout or rollout_quick)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--instances", type=int, default=None, help="instances per mode (default: 2 quick, 3 full)")
+    ap.add_argument("--instances", type=int, default=None, help="instances per mode (default: 3; with 2, adaptive has nothing to switch)")
     ap.add_argument("--static-prefill", type=int, default=None, help="P of --pd-static P:D (default: N // 2)")
     ap.add_argument("--horizon", type=float, default=None, help="--prorsa-horizon for every mode")
     ap.add_argument("--server-args", default="", help="extra launcher flags for every mode (one string)")
@@ -820,7 +820,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--ready-timeout-s", type=float, default=900.0)
     ap.add_argument("--request-timeout-s", type=float, default=600.0)
     args = ap.parse_args(argv)
-    quick = {"instances": 2, "steps": 2, "groups": 2, "max_turns": 3, "time_scale": 0.15, "train_s": 1.0,
+    quick = {"instances": 3, "steps": 2, "groups": 2, "max_turns": 3, "time_scale": 0.15, "train_s": 1.0,
              "horizon": 5.0}
     full = {"instances": 3, "steps": 4, "groups": 4, "max_turns": 6, "time_scale": 0.25, "train_s": 2.0,
             "horizon": None}

@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 ROLE_HEADER = "X-Prorsa-Role"  # which half of a PD pair a request is (our front and resumes send it)
 RESUME_HEADER = "X-Prorsa-Resume"  # a continuation, not a new request (the lifecycle must not count it again)
-MAX_MOVES = 8
+MAX_MOVES = 16  # hand-backs under fast switching count as moves too
 # Request fields a continuation carries over from the original (others are set here or meaningless for it).
 _CARRIED = ("return_logprob", "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs", "lora_path",
             "custom_logit_processor", "return_hidden_states", "priority")
@@ -70,7 +70,9 @@ class Continuation:
         self.record = record
         self.stitcher = stitcher
         self.headers = headers
-        self.kv_tokens = record.kv_tokens  # usable only on the first move; later moves recompute
+        # Every attempt loads the persisted prefix into its prefill instance again: an attempt whose prefill half was
+        # handed on (its prefill instance switched before scheduling it) must not recompute what the store holds.
+        self.kv_tokens = record.kv_tokens
         self.moves = 0
 
     async def run(self) -> AsyncIterator[dict[str, Any]]:
@@ -90,11 +92,14 @@ class Continuation:
                 self.moves += 1
                 continue
             self.moves += 1
+            failed_before = len(failures)
             async for out in self._attempt(prefill, decode, sampling, failures):
                 yield out
             if self.stitcher.finished:
                 return
             self.stitcher.rebase()  # continue from what this attempt produced
+            if len(failures) > failed_before:  # the pair is switching or gone: let the registry catch up
+                await asyncio.sleep(min(1.0, 0.05 * 2 ** len(failures)))
         raise ResumeFailed(f"request {self.stitcher.rid} could not be continued after {self.moves} moves: "
                            f"{failures[-3:]}")
 
@@ -111,7 +116,6 @@ class Continuation:
         try:
             if self.kv_tokens > 0:
                 move.update(await side.load_prefix(prefill, ids[: self.kv_tokens], self.record, rid))
-            self.kv_tokens = 0
             body = {k: getattr(self.obj, k) for k in _CARRIED if getattr(self.obj, k, None) is not None}
             body.update(input_ids=ids, sampling_params=sampling, stream=True, rid=rid,
                         bootstrap_host=prefill.bootstrap_host, bootstrap_port=prefill.bootstrap_port,

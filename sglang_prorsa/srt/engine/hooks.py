@@ -18,7 +18,7 @@ from typing import Any
 from sglang_prorsa.srt.engine.continuation import RESUME_HEADER, ROLE_HEADER, aborted_output
 from sglang_prorsa.srt.engine.side import EngineSide, forwarded_headers
 from sglang_prorsa.srt.lifecycle.events import MAX_ID_CHARS
-from sglang_prorsa.srt.messages import Code
+from sglang_prorsa.srt.messages import Code, Stage
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def wrap_stream_one_response(original):
         try:
             async for out in original(self, obj, state, request):
                 if state.finished and _is_final_abort(out):
-                    record = side.book.claim(obj.rid)
+                    record = _hand_back_if_queued(side, request, side.book.claim(obj.rid))
                     if record is not None:
                         async for resumed in side.resume(obj, state, record, out, (ids, text),
                                                          forwarded_headers(request)):
@@ -153,13 +153,13 @@ def wrap_stream_one_response(original):
         except Exception as e:  # SGLang raises for aborts that carry an HTTP status (a failed KV transfer, ...)
             if not _is_abort_exception(e):
                 raise
-            record = side.book.claim(obj.rid)
+            record = _hand_back_if_queued(side, request, side.book.claim(obj.rid))
             if record is None:
                 if side.user_aborts == aborts_at_entry or ids:
                     raise
-                # SGLang fails a PD half whose transfer a pause(abort) cut with an HTTP error; the trainer asked for
-                # an abort, so it gets one, in the shape of every other aborted request.
-                yield aborted_output(obj.rid, _prompt_tokens(self, obj), "aborted by pause_generation(mode=abort)")
+                # SGLang fails a PD half whose transfer a pause(abort) or abort-all cut with an HTTP error; the
+                # trainer asked for an abort, so it gets one, in the shape of every other aborted request.
+                yield aborted_output(obj.rid, _prompt_tokens(self, obj), "aborted by the trainer (pause_generation abort or abort_request abort_all)")
                 if tid:
                     side.events.decoded(tid, 0)
                 return
@@ -170,6 +170,20 @@ def wrap_stream_one_response(original):
             side.events.decoded(tid, ids)
 
     return _stream_one_response
+
+
+class HandedBack(ValueError):
+    """A continuation's half moved before it started here: its holder (which knows the persisted KV) picks a new pair.
+    A ValueError, so SGLang's route answers it as an error (an error event in a stream), which the holder retries."""
+
+
+def _hand_back_if_queued(side: EngineSide, request: Any, record: Any) -> Any:
+    """A continuation (sent by the instance holding its caller) that was taken off here before it began is not
+    continued by this instance from its tokens: that would recompute a prefix its holder can load from the KV store."""
+    if record is not None and record.stage is Stage.QUEUED and _header(request, RESUME_HEADER) is not None:
+        side.counters["continuations_handed_back"] += 1
+        raise HandedBack(f"prorsa: continuation {record.rid} handed back to its holder ({Code.HANDED_ON.value})")
+    return record
 
 
 def _is_abort_exception(e: BaseException) -> bool:

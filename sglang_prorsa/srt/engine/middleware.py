@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
+ABORT_PATH = "/abort_request"
 CUDA_ONLY_PATHS = frozenset({"/release_memory_occupation", "/resume_memory_occupation"})
 TRAJECTORY_FIELD = b'"trajectory_id"'
 
@@ -29,10 +30,13 @@ class EngineMiddleware:
             await self.side.start()
         if self.cpu and scope["path"] in CUDA_ONLY_PATHS:
             return await _unsupported(send, scope["path"])
-        if scope["method"] != "POST" or scope["path"] not in GENERATION_PATHS:
+        if scope["method"] != "POST" or scope["path"] not in GENERATION_PATHS | {ABORT_PATH}:
             return await self.app(scope, receive, send)
         body = await _read_body(receive)
-        if TRAJECTORY_FIELD in body:
+        if scope["path"] == ABORT_PATH:
+            if _aborts_all(body):
+                self.side.user_aborts += 1  # PD halves failing from here on were aborted by the trainer (hooks.py)
+        elif TRAJECTORY_FIELD in body:
             body, scope = _move_trajectory_id(body, scope)
         sent = False
 
@@ -55,6 +59,14 @@ async def _unsupported(send: Any, path: str) -> None:
     await send({"type": "http.response.start", "status": 400,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
+
+
+def _aborts_all(body: bytes) -> bool:
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False  # SGLang answers the malformed body itself
+    return isinstance(parsed, dict) and parsed.get("abort_all") is True
 
 
 async def _read_body(receive: Any) -> bytes:

@@ -19,7 +19,7 @@ from sglang_prorsa.config import InstanceSpec
 from sglang_prorsa.srt.auth import AuthKeys
 from sglang_prorsa.srt.channel import EngineChannel
 from sglang_prorsa.srt.engine.book import RecordBook
-from sglang_prorsa.srt.engine.continuation import Continuation, ResumeFailed, handed_on_output, kept_from
+from sglang_prorsa.srt.engine.continuation import RESUME_HEADER, Continuation, ResumeFailed, handed_on_output, kept_from
 from sglang_prorsa.srt.engine.events import EngineEvents
 from sglang_prorsa.srt.engine.peers import Peer, PeerView
 from sglang_prorsa.srt.engine.stitch import Shape, Stitcher
@@ -54,7 +54,7 @@ class EngineSide:
         self.rebuilding = False
         self._rebuilt = asyncio.Event()
         self._rebuilt.set()
-        self.user_aborts = 0  # pause_generation(mode=abort) calls seen (control_guard.py)
+        self.user_aborts = 0  # pause_generation(mode=abort) and abort-all calls seen (control_guard, middleware)
         self.entering = 0  # generation requests inside the tokenizer manager, not yet handed to the scheduler
         self.ops_lock = asyncio.Lock()  # a busy switch and SGLang's control operations never interleave here
         self.held: set[str] = set()  # control states that hold switches (generation paused, memory released)
@@ -265,6 +265,10 @@ class EngineSide:
         if room is not None:  # its prefill half answers as handed on (even if it began: we cannot receive its KV)
             await self.release_prefill_halves([QueuedItem(obj.rid, room, obj.bootstrap_host, obj.bootstrap_port)],
                                               only_not_started=False)
+        if request is not None and request.headers.get(RESUME_HEADER) is not None:
+            # A continuation: its holder knows the persisted KV and retries elsewhere, loading it (hooks.HandedBack).
+            self.counters["continuations_handed_back"] += 1
+            raise ValueError(f"prorsa: continuation {obj.rid} handed back to its holder ({Code.HANDED_ON.value})")
         record = MigratedRequest(rid=obj.rid, role="decode", stage=Stage.QUEUED, input_ids=list(tokenized.input_ids),
                                  output_ids=[], sampling_params={})
         state = _NoState(obj)
