@@ -76,9 +76,18 @@ def resolve(target: str) -> Any:
     return obj
 
 
+# Constants whose values we rely on: (module:name, the value we assume, why).
+CONSTANTS: tuple[tuple[str, Any, str], ...] = (
+    ("sglang.srt.constants:HEALTH_CHECK_RID_PREFIX", "HEALTH_CHECK", "health-check requests are not counted as work"),
+)
+
+
 def check_class_level() -> None:
     for target, _why in CLASS_LEVEL:
         resolve(target)
+    for target, value, _why in CONSTANTS:
+        if resolve(target) != value:
+            raise SGLangInternalsMismatch(f"{target} is {resolve(target)!r}, not {value!r} (written against sglang 0.5.23)")
 
 
 def check_scheduler(scheduler: Any, role: str) -> None:

@@ -44,6 +44,8 @@ from sglang_prorsa.srt.scheduler.kv import KVSide
 
 logger = logging.getLogger(__name__)
 
+HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK"  # sglang.srt.constants (0.5.23); checked at start-up (sglang_internals)
+
 
 @dataclass(frozen=True)
 class SchedulerRuntime:
@@ -106,7 +108,12 @@ class ProrsaSchedulerMixin:
     def prorsa_observe_extend(self, batch: Any) -> None:
         side = self.prorsa_side()
         if side is not None:
-            side.counters.observe_extend(int(batch.extend_num_tokens), batch.reqs)
+            # SGLang's /health generates one token with a fake PD pair: not serving work, so not counted (a router's
+            # health checks would otherwise add prompt tokens that no request sent).
+            health = [i for i, r in enumerate(batch.reqs) if str(r.rid).startswith(HEALTH_CHECK_RID_PREFIX)]
+            lens = getattr(batch, "extend_lens", None) or []
+            new_tokens = int(batch.extend_num_tokens) - sum(int(lens[i]) for i in health if i < len(lens))
+            side.counters.observe_extend(new_tokens, [r for i, r in enumerate(batch.reqs) if i not in health])
 
 
 class SchedulerSide:
