@@ -103,6 +103,10 @@ class DurationStore:
         self.min_samples = int(min_samples)
         self._prior_of = prior_of
         self.classes: dict[Key, DurationClass] = {}
+        # Bumped when a class appears or its completion count reaches 1 or ``min_samples``: the class resolution's
+        # look-up tables depend on nothing else, so ``resolve`` builds them once per version (not once per refresh).
+        self.version = 0
+        self._resolution: tuple | None = None  # (version, radix of the finest columns, tables)
 
     # ----- recording (event path, O(levels)) -----
     def keys(self, ids: Mapping[str, int]) -> list[Key]:
@@ -120,7 +124,10 @@ class DurationStore:
                 if len(classes) >= MAX_CLASSES and lv:
                     continue  # full: the coarser classes still learn
                 cls = classes[key] = DurationClass(self.history)
+                self.version += 1
             cls.record(duration, completed, end)
+            if completed and (cls.count == 1 or cls.count == self.min_samples):
+                self.version += 1  # the class resolution (``resolve``) changes only here
 
     def prior(self, key: Key) -> float:
         value = self._prior_of(key) if self._prior_of else None
@@ -166,17 +173,31 @@ class DurationStore:
         """Per live item: index into the returned list of used class keys (and the look-up tables behind it).
 
         Every level's columns are among the finest level's, so the resolution is a function of the finest class:
-        it is built once over the finest class space (small: tasks x tools) and applied with one gather."""
+        it is built once over the finest class space (small: tasks x tools) and applied with one gather. The tables
+        depend only on the classes' completion counts crossing 1 / ``min_samples`` (``version``) and on the radix,
+        so they are kept between refreshes."""
         if n is None:
             n = next(iter(ids.values())).size if ids else 0
         fine = self.levels[0]
-        space = math.prod(radix[c] for c in fine)
+        lut, used, level_codes = self._tables(radix)
         if len(fine) == 1:  # one column: its value is the code
             code = np.asarray(ids[fine[0]], np.int64)
-        else:
+        elif not fine:
             code = np.zeros(n, np.int64)
-            for c in fine:
+        else:
+            code = np.asarray(ids[fine[0]], np.int64)
+            for c in fine[1:]:
                 code = code * radix[c] + ids[c]
+        return lut[code], used, Resolution(code, level_codes)
+
+    def _tables(self, radix: Mapping[str, int]) -> tuple[np.ndarray, list[Key], list]:
+        """(class index per finest class code, the used class keys, each level's code per finest class code)."""
+        fine = self.levels[0]
+        radix_key = tuple(radix[c] for c in fine)
+        cached = self._resolution
+        if cached is not None and cached[0] == self.version and cached[1] == radix_key:
+            return cached[2]
+        space = math.prod(radix_key)
         # each column's value, then each level's code, over the finest class space
         values, stride = {}, 1
         for c in reversed(fine):
@@ -206,16 +227,17 @@ class DurationStore:
             for lc in np.unique(level_codes[last][lut < 0]).tolist():
                 key = (last, *_decode(lv, lc, radix))
                 lut[(lut < 0) & (level_codes[last] == lc)] = index_of.setdefault(key, len(index_of))
-        return lut[code], list(index_of), Resolution(code, level_codes)
+        tables = (lut, list(index_of), level_codes)
+        self._resolution = (self.version, radix_key, tables)
+        return tables
 
     def fit(self, ids: Mapping[str, np.ndarray], radix: Mapping[str, int], elapsed: np.ndarray, dt: float,
             now: float | None) -> "Fitted":
-        """Resolve each live item's class and build the used classes' curves, every item of the phase censored at
-        its elapsed time (``now`` None: complete-sample curves, no censoring)."""
+        """Resolve each live item's class; the used classes' curves (every item of the phase censored at its elapsed
+        time; ``now`` None: complete-sample curves, no censoring) are built when first asked for."""
         res, used, resolution = self.resolve(ids, radix, elapsed.size)
-        live = self._live_censoring(used, res, resolution, censor_bins(elapsed, dt), radix) if now is not None else {}
-        curves = [self.curve(key, dt, live.get(j), now) for j, key in enumerate(used)]
-        return Fitted(self, res, used, curves, dt)
+        live = self._live_censoring(used, resolution, censor_bins(elapsed, dt), radix) if now is not None else {}
+        return Fitted(self, res, used, live, dt, now)
 
     def evaluate(self, ids: Mapping[str, np.ndarray], radix: Mapping[str, int], elapsed: np.ndarray, dt: float,
                  horizons: Sequence[float], then: Callable[[Key], np.ndarray | None] | None = None,
@@ -237,27 +259,31 @@ class DurationStore:
         fitted = self.fit(ids, radix, all_elapsed, dt, now)
         return fitted.probabilities(fitted.res[:n], elapsed, horizons, then)
 
-    def _live_censoring(self, used: list[Key], res: np.ndarray, resolution: "Resolution", ebins: np.ndarray,
+    def _live_censoring(self, used: list[Key], resolution: "Resolution", ebins: np.ndarray,
                         radix: Mapping[str, int]) -> dict[int, np.ndarray]:
-        """Per used class: histogram of the elapsed times of the live items that belong to it (at its level)."""
+        """Per used class: histogram of the elapsed times of the live items that belong to it (at its level).
+
+        One pass over the items: a histogram per finest class; a coarser class's is the sum of its finest classes'
+        rows (integer counts: the same numbers as counting its members directly)."""
         out: dict[int, np.ndarray] = {}
         if not ebins.size:
             return out
         width = int(min(MAX_GRID_POINTS, ebins.max() + 1))
-        for level, lv in enumerate(self.levels):
-            members = [(j, key) for j, key in enumerate(used) if key[0] == level]
-            if not members:
-                continue
-            space = math.prod(radix[c] for c in lv)
-            rows_of = np.full(space, len(members), np.int64)  # the extra row collects items of unused classes
-            for row, (j, key) in enumerate(members):
-                kc = _encode(lv, key[1:], radix)
-                if kc < space:
-                    rows_of[kc] = row
-            rows = rows_of[resolution.level_codes[level]][resolution.code]
-            flat = np.bincount(rows * width + ebins, minlength=(len(members) + 1) * width)
-            for row, (j, _) in enumerate(members):
-                out[j] = flat[row * width:(row + 1) * width].astype(np.float64)
+        space = resolution.level_codes[0].size
+        if space == 1:
+            fine = np.bincount(ebins, minlength=width)[None, :]
+        else:
+            fine = np.bincount(resolution.code * width + ebins, minlength=space * width).reshape(space, width)
+        for j, key in enumerate(used):
+            lv = self.levels[key[0]]
+            kc = _encode(lv, key[1:], radix)
+            rows = np.flatnonzero(resolution.level_codes[key[0]] == kc)
+            if rows.size == 1:
+                out[j] = fine[rows[0]].astype(np.float64)
+            elif rows.size == space:
+                out[j] = fine.sum(axis=0).astype(np.float64)
+            else:
+                out[j] = fine[rows].sum(axis=0).astype(np.float64)
         return out
 
 
@@ -283,24 +309,46 @@ def _decode(columns: tuple, code: int, radix: Mapping[str, int]) -> list[int]:
 
 
 class Fitted:
-    """A store's curves for one refresh: per used class, fitted with the live items' censoring."""
+    """A store's curves for one refresh: per used class, fitted with the live items' censoring. A curve is built
+    when first asked for (``curve``, or ``probabilities`` for the classes its items use), then kept."""
 
-    def __init__(self, store: DurationStore, res: np.ndarray, used: list[Key], curves: list[GridCurve], dt: float):
-        self.store, self.res, self.used, self.curves, self.dt = store, res, used, curves, dt
+    def __init__(self, store: DurationStore, res: np.ndarray, used: list[Key], live: dict[int, np.ndarray], dt: float,
+                 now: float | None):
+        self.store, self.res, self.used, self.dt = store, res, used, dt
+        self._live, self._now = live, now
+        self._built: dict[int, GridCurve] = {}
         self._index = {key: j for j, key in enumerate(used)}
+
+    @property
+    def curves(self) -> list[GridCurve]:
+        return [self._curve(j) for j in range(len(self.used))]
+
+    def _curve(self, j: int) -> GridCurve:
+        curve = self._built.get(j)
+        if curve is None:
+            curve = self._built[j] = self.store.curve(self.used[j], self.dt, self._live.get(j), self._now)
+        return curve
 
     def curve(self, key: Key) -> GridCurve:
         j = self._index.get(key)
-        return self.curves[j] if j is not None else self.store.curve(key, self.dt)
+        return self._curve(j) if j is not None else self.store.curve(key, self.dt)
 
     def probabilities(self, res: np.ndarray, elapsed: np.ndarray, horizons: Sequence[float],
                       then: Callable[[Key], np.ndarray | None] | None) -> list[np.ndarray]:
         dt = self.dt
+        if not res.size:
+            return [np.zeros(0) for _ in horizons]
+        # tables only for the classes these items use
+        if len(self.used) > 1:
+            present = np.flatnonzero(np.bincount(res, minlength=len(self.used)))
+        else:
+            present = np.zeros(1, np.int64)
         short, long, offset, last = [[] for _ in horizons], [[] for _ in horizons], [], []
         base = 0
-        for key, curve in zip(self.used, self.curves):
+        for j in present.tolist():
+            key = self.used[j]
             cdf = then(key) if then is not None else None
-            tables = chain_tables(curve, horizons, cdf)
+            tables = chain_tables(self._curve(j), horizons, cdf)
             for t, table in enumerate(tables):
                 short[t].append(table.q_short)
                 long[t].append(table.q_long)
@@ -313,10 +361,13 @@ class Fitted:
         b = x.astype(np.int64)  # floor: x >= 0
         frac = x - b - 1e-9
         w = np.where(frac > 1e-9, np.minimum(frac + 0.5, 1.0), 0.0)
-        if len(self.used) == 1:  # the common case: one class, no per-item class look-ups
+        if present.size == 1:  # the common case: one class, no per-item class look-ups
             k = np.minimum(b, last[0])
         else:
-            k = np.minimum(b, np.asarray(last)[res]) + np.asarray(offset)[res]
+            compact = np.zeros(len(self.used), np.int64)
+            compact[present] = np.arange(present.size)
+            r = compact[res]
+            k = np.minimum(b, np.asarray(last)[r]) + np.asarray(offset)[r]
         out = []
         for t in range(len(horizons)):
             qs = short[t][0] if len(short[t]) == 1 else np.concatenate(short[t])
