@@ -51,9 +51,9 @@ class NewSamples:
         if policy is InjectionPolicy.REPLACE_ON_REWARD:
             idx = self.snap.members(TrajState.REWARD)
             if Snapshot.count(idx):
-                q_s, q_h = self.stats.stores[Phase.REWARD].evaluate(
-                    self.snap.ids(idx), self.snap.radix, self.snap.elapsed(idx), self.dt, (self.S, self.h),
-                    lambda key: self.launch_cdf(), now=self.snap.now)
+                fitted = self.terms.fitted(self.stats.stores[Phase.REWARD], idx)
+                q_s, q_h = fitted.probabilities(fitted.res, self.snap.elapsed(idx), (self.S, self.h),
+                                                lambda key: self.launch_cdf())
                 p = self.stats.acceptance.value
                 self._add(sums, p * q_s, p * q_h, self.x_new[self.snap.task[idx]])
         elif policy is InjectionPolicy.FIXED_RATE:

@@ -179,7 +179,7 @@ class DurationStore:
         if n is None:
             n = next(iter(ids.values())).size if ids else 0
         fine = self.levels[0]
-        lut, used, level_codes = self._tables(radix)
+        lut, used, level_codes, rows = self._tables(radix)
         if len(fine) == 1:  # one column: its value is the code
             code = np.asarray(ids[fine[0]], np.int64)
         elif not fine:
@@ -188,10 +188,11 @@ class DurationStore:
             code = np.asarray(ids[fine[0]], np.int64)
             for c in fine[1:]:
                 code = code * radix[c] + ids[c]
-        return lut[code], used, Resolution(code, level_codes)
+        return lut[code], used, Resolution(code, level_codes, rows)
 
-    def _tables(self, radix: Mapping[str, int]) -> tuple[np.ndarray, list[Key], list]:
-        """(class index per finest class code, the used class keys, each level's code per finest class code)."""
+    def _tables(self, radix: Mapping[str, int]) -> tuple[np.ndarray, list[Key], list, list]:
+        """(class index per finest class code, the used class keys, each level's code per finest class code, per used
+        class the finest class codes that belong to it)."""
         fine = self.levels[0]
         radix_key = tuple(radix[c] for c in fine)
         cached = self._resolution
@@ -227,7 +228,11 @@ class DurationStore:
             for lc in np.unique(level_codes[last][lut < 0]).tolist():
                 key = (last, *_decode(lv, lc, radix))
                 lut[(lut < 0) & (level_codes[last] == lc)] = index_of.setdefault(key, len(index_of))
-        tables = (lut, list(index_of), level_codes)
+        used = list(index_of)
+        # per used class, the finest class codes that belong to it (its live-censoring histogram's rows)
+        rows = [np.flatnonzero(level_codes[key[0]] == _encode(self.levels[key[0]], key[1:], radix))
+                      for key in used]
+        tables = (lut, used, level_codes, rows)
         self._resolution = (self.version, radix_key, tables)
         return tables
 
@@ -274,10 +279,7 @@ class DurationStore:
             fine = np.bincount(ebins, minlength=width)[None, :]
         else:
             fine = np.bincount(resolution.code * width + ebins, minlength=space * width).reshape(space, width)
-        for j, key in enumerate(used):
-            lv = self.levels[key[0]]
-            kc = _encode(lv, key[1:], radix)
-            rows = np.flatnonzero(resolution.level_codes[key[0]] == kc)
+        for j, rows in enumerate(resolution.rows):
             if rows.size == 1:
                 out[j] = fine[rows[0]].astype(np.float64)
             elif rows.size == space:
@@ -291,6 +293,7 @@ class DurationStore:
 class Resolution:
     code: np.ndarray  # per item: its finest class code
     level_codes: list  # per level: the level's class code of every finest class code
+    rows: list = ()  # per used class: the finest class codes that belong to it
 
 
 def _encode(columns: tuple, values, radix: Mapping[str, int]) -> int:

@@ -68,6 +68,7 @@ class ArrivalTerms:
         self.snap, self.S, self.h, self.dt = snap, horizon_s, admit_s, dt
         self.x_new, self.g, self.kv = x_new, g, kv
         self.samples.reset()
+        self._fits = {}
         self._growth = np.array([self.stats.growth(t) for t in range(snap.radix["task"])])
         self._growth_by_tool = None
         self._calls_lut = None
@@ -133,13 +134,27 @@ class ArrivalTerms:
     def _add(self, sums: SourceSums, q_s: np.ndarray, q_h: np.ndarray, x: np.ndarray) -> None:
         sums.add(q_s, q_h, x)
 
+    def fitted(self, store: DurationStore, sl: slice):
+        """``store`` fitted on the items of slice ``sl`` of this refresh's snapshot, each censored at its elapsed time
+        in its state; computed once per refresh (the reward and post-tool fits serve two terms each)."""
+        key = (store.name, sl.start, sl.stop)
+        fitted = self._fits.get(key)
+        if fitted is None:
+            snap = self.snap
+            fitted = self._fits[key] = store.fit(snap.ids(sl), snap.radix, snap.elapsed(sl), self.dt, snap.now)
+        return fitted
+
     # ----- single phase (B.3 Eq. 6 form) -----
     def _simple(self, sums: SourceSums, state: TrajState, store: DurationStore, x_of, also=None, then=None) -> None:
         idx = self.snap.members(state)
         if not Snapshot.count(idx):
             return
-        q_s, q_h = store.evaluate(self.snap.ids(idx), self.snap.radix, self.snap.elapsed(idx), self.dt, (self.S, self.h),
-                                  then=then, now=self.snap.now, also=also)
+        if also is None or not also[1].size:
+            fitted = self.fitted(store, idx)
+            q_s, q_h = fitted.probabilities(fitted.res, self.snap.elapsed(idx), (self.S, self.h), then)
+        else:
+            q_s, q_h = store.evaluate(self.snap.ids(idx), self.snap.radix, self.snap.elapsed(idx), self.dt,
+                                      (self.S, self.h), then=then, now=self.snap.now, also=also)
         self._add(sums, q_s, q_h, x_of(idx))
 
     def _rest_cdf(self, store: DurationStore, states: tuple[TrajState, ...], since: np.ndarray | None,
@@ -148,7 +163,10 @@ class ArrivalTerms:
         ``first``'s class ``key``, fitted with the trajectories of ``states`` (its running members) censored."""
         snap = self.snap
         idx = snap.span(*states)
-        fitted = store.fit(snap.ids(idx), snap.radix, snap.elapsed(idx, since=since), self.dt, snap.now)
+        if since is None:
+            fitted = self.fitted(store, idx)
+        else:
+            fitted = store.fit(snap.ids(idx), snap.radix, snap.elapsed(idx, since=since), self.dt, snap.now)
         bins = int(round(self.S / self.dt)) + 2
         cache: dict[Key, np.ndarray] = {}
 
