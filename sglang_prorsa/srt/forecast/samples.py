@@ -52,10 +52,8 @@ class NewSamples:
             idx = self.snap.members(TrajState.REWARD)
             if Snapshot.count(idx):
                 fitted = self.terms.fitted(self.stats.stores[Phase.REWARD], idx)
-                q_s, q_h = fitted.probabilities(fitted.res, self.snap.elapsed(idx), (self.S, self.h),
-                                                lambda key: self.launch_cdf())
-                p = self.stats.acceptance.value
-                self._add(sums, p * q_s, p * q_h, self.x_new[self.snap.task[idx]])
+                self.terms._expect(sums, fitted, None, self.snap.elapsed(idx), lambda key: self.launch_cdf(),
+                                   self.x_new[self.snap.task[idx]], self.stats.acceptance.value)
         elif policy is InjectionPolicy.FIXED_RATE:
             rate = self.config.injection.rate_per_s
             n_s, n_h = (rate * self.dt * float(self.launch_cdf()[: int(round(h / self.dt))].sum())

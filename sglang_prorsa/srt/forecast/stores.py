@@ -338,9 +338,41 @@ class Fitted:
 
     def probabilities(self, res: np.ndarray, elapsed: np.ndarray, horizons: Sequence[float],
                       then: Callable[[Key], np.ndarray | None] | None) -> list[np.ndarray]:
-        dt = self.dt
+        """q_i for each horizon, per item (``res``: the items' class indices, ``elapsed``: their elapsed times)."""
         if not res.size:
             return [np.zeros(0) for _ in horizons]
+        k, w, short, long = self._lookup(res, elapsed, horizons, then)
+        out = []
+        for qs, ql in zip(short, long):
+            lo = qs[k]
+            out.append(lo + w * (ql[k] - lo))
+        return out
+
+    def expected(self, res: np.ndarray, elapsed: np.ndarray, horizons: Sequence[float],
+                 then: Callable[[Key], np.ndarray | None] | None, weights: Sequence[np.ndarray | None],
+                 ) -> list[list[float]]:
+        """sum_i q_i(h) * weight_i for each weight (None: 1) and each horizon h: ``out[weight][horizon]``.
+
+        The same numbers as summing ``probabilities`` times the weights, without the per-item q: with
+        q_i = qs[k_i] + w_i (ql[k_i] - qs[k_i]), the sum is qs . A + (ql - qs) . B where A and B are the weights
+        (and the weights times w) summed per table entry (two bincounts per weight, shared by all horizons)."""
+        if not res.size:
+            return [[0.0 for _ in horizons] for _ in weights]
+        k, w, short, long = self._lookup(res, elapsed, horizons, then)
+        size = short[0].size
+        out = []
+        for weight in weights:
+            a = np.bincount(k, weight, minlength=size)
+            bw = np.bincount(k, w if weight is None else w * weight, minlength=size)
+            out.append([float((qs * a).sum() + ((ql - qs) * bw).sum()) for qs, ql in zip(short, long)])
+        return out
+
+    def _lookup(self, res: np.ndarray, elapsed: np.ndarray, horizons: Sequence[float],
+                then: Callable[[Key], np.ndarray | None] | None) -> tuple:
+        """(k, w, q_short per horizon, q_long per horizon): item i's q over horizon t is
+        q_short[t][k_i] + w_i * (q_long[t][k_i] - q_short[t][k_i]) (grid.py's ``ChainTable.lookup``); the tables of
+        the classes the items use, concatenated."""
+        dt = self.dt
         # tables only for the classes these items use
         if len(self.used) > 1:
             present = np.flatnonzero(np.bincount(res, minlength=len(self.used)))
@@ -360,21 +392,23 @@ class Fitted:
             base += tables[0].q_short.size
         # position on the grid: the elapsed time's grid point b (the tail entry beyond the data) and the fraction
         # of a step past it; off the grid the window covers (frac + 0.5) of point b + H (see ChainTable.lookup)
-        x = elapsed * (1.0 / dt) + 1e-9  # elapsed >= 0
+        x = elapsed * (1.0 / dt)  # elapsed >= 0
+        x += 1e-9
         b = x.astype(np.int64)  # floor: x >= 0
-        frac = x - b - 1e-9
-        w = np.where(frac > 1e-9, np.minimum(frac + 0.5, 1.0), 0.0)
+        w = np.subtract(x, b, out=x)
+        w -= 1e-9  # the fraction of a step past b
+        on_grid = w <= 1e-9
+        w += 0.5
+        np.minimum(w, 1.0, out=w)
+        w[on_grid] = 0.0
         if present.size == 1:  # the common case: one class, no per-item class look-ups
-            k = np.minimum(b, last[0])
+            k = np.minimum(b, last[0], out=b)
         else:
             compact = np.zeros(len(self.used), np.int64)
             compact[present] = np.arange(present.size)
             r = compact[res]
-            k = np.minimum(b, np.asarray(last)[r]) + np.asarray(offset)[r]
-        out = []
-        for t in range(len(horizons)):
-            qs = short[t][0] if len(short[t]) == 1 else np.concatenate(short[t])
-            ql = long[t][0] if len(long[t]) == 1 else np.concatenate(long[t])
-            lo = qs[k]
-            out.append(lo + w * (ql[k] - lo))
-        return out
+            k = np.minimum(b, np.asarray(last)[r], out=b)
+            k += np.asarray(offset)[r]
+        qs = [t[0] if len(t) == 1 else np.concatenate(t) for t in short]
+        ql = [t[0] if len(t) == 1 else np.concatenate(t) for t in long]
+        return k, w, qs, ql

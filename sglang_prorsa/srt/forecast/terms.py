@@ -115,8 +115,15 @@ class ArrivalTerms:
             growth = self._tool_growth()[s.task[idx], np.maximum(s.tool[idx], 0)]
         else:
             growth = self._growth[s.task[idx]]
-        grown = s.prompt[idx] + growth
-        return np.where(hint >= 0, hint, np.where(s.prompt[idx] >= 0, grown, self.x_new[s.task[idx]]))
+        prompt = s.prompt[idx]
+        out = prompt + growth
+        unknown = prompt < 0  # no request seen yet: a new sample's first prompt
+        if unknown.any():
+            out[unknown] = self.x_new[s.task[idx][unknown]]
+        hinted = hint >= 0
+        if hinted.any():
+            out[hinted] = hint[hinted]
+        return out
 
     def _tool_x(self, idx: np.ndarray) -> np.ndarray:
         return self._next_x(idx, by_tool=True)
@@ -150,12 +157,26 @@ class ArrivalTerms:
         if not Snapshot.count(idx):
             return
         if also is None or not also[1].size:
-            fitted = self.fitted(store, idx)
-            q_s, q_h = fitted.probabilities(fitted.res, self.snap.elapsed(idx), (self.S, self.h), then)
+            fitted, res = self.fitted(store, idx), None
+        else:  # the items of the later states are censored observations only: fitted with them, not evaluated
+            ids = self.snap.ids(idx)
+            ids = {c: np.concatenate((ids[c], also[0][c])) for c in store.levels[0]}
+            elapsed = np.concatenate((self.snap.elapsed(idx), also[1]))
+            fitted = store.fit(ids, self.snap.radix, elapsed, self.dt, self.snap.now)
+            res = fitted.res[: Snapshot.count(idx)]
+        self._expect(sums, fitted, res, self.snap.elapsed(idx), then, x_of(idx))
+
+    def _expect(self, sums: SourceSums, fitted, res, elapsed: np.ndarray, then, x: np.ndarray,
+                scale: np.ndarray | float | None = None) -> None:
+        """Add sum_i s_i q_i x_i and sum_i s_i q_i over S and h* (s: ``scale``, per item or one number)."""
+        res = fitted.res if res is None else res
+        if isinstance(scale, np.ndarray):
+            tokens, requests = fitted.expected(res, elapsed, (self.S, self.h), then, (scale * x, scale))
         else:
-            q_s, q_h = store.evaluate(self.snap.ids(idx), self.snap.radix, self.snap.elapsed(idx), self.dt,
-                                      (self.S, self.h), then=then, now=self.snap.now, also=also)
-        self._add(sums, q_s, q_h, x_of(idx))
+            tokens, requests = fitted.expected(res, elapsed, (self.S, self.h), then, (x, None))
+            if scale is not None:
+                tokens, requests = [scale * v for v in tokens], [scale * v for v in requests]
+        sums.add_expected(tokens, requests)
 
     def _rest_cdf(self, store: DurationStore, states: tuple[TrajState, ...], since: np.ndarray | None,
                   first: DurationStore):
@@ -215,15 +236,14 @@ class ArrivalTerms:
             second_idx = None
         idx = self.snap.members(TrajState.DECODE) if second_idx is not None else slice(0, 0)
         if Snapshot.count(idx):
-            q_s, q_h = dec.evaluate(self.snap.ids(idx), self.snap.radix, self.snap.elapsed(idx, engine=True),
-                                    self.dt, (self.S, self.h), then, now=self.snap.now - self.snap.engine_shift)
-            c = self._calls_tool(idx)
-            self._add(sums, c * q_s, c * q_h, self._next_x(idx))
+            elapsed = self.snap.elapsed(idx, engine=True)
+            fitted = dec.fit(self.snap.ids(idx), self.snap.radix, elapsed, self.dt,
+                             self.snap.now - self.snap.engine_shift)
+            self._expect(sums, fitted, None, elapsed, then, self._next_x(idx), self._calls_tool(idx))
         if Snapshot.count(decoded):  # running() lists the decoded first (all of them: they have decoded >= 0)
             n = Snapshot.count(decoded)
-            q_s, q_h = ret_fit.probabilities(ret_fit.res[:n], snap.elapsed(decoded), (self.S, self.h), None)
-            c = self._calls_tool(decoded)
-            self._add(sums, c * q_s, c * q_h, self._next_x(decoded))
+            self._expect(sums, ret_fit, ret_fit.res[:n], snap.elapsed(decoded), None, self._next_x(decoded),
+                         self._calls_tool(decoded))
         if second_idx is not None and Snapshot.count(second_idx):  # queued / prefilling: prefill, decode, tool, back
             cdf = sum_cdf([dec.curve((len(dec.levels) - 1,), self.dt), ret_fit.curve((len(ret.levels) - 1,))], bins)
             q_s = self._cdf_before(cdf, self.S - second_delay)
