@@ -74,6 +74,7 @@ class Snapshot:
         counts = np.bincount(state.astype(np.int64) + 1, minlength=len(STATE_CODES) + 1)
         self._ends = np.cumsum(counts)  # _ends[code + 1]: slots with a state code <= code (FREE = -1 first)
         self._sorted: dict[str, np.ndarray] = {}
+        self._elapsed: dict[tuple, np.ndarray] = {}
 
     def __getattr__(self, name: str) -> "_SortedColumn":
         if name not in Snapshot.COLUMNS:
@@ -99,8 +100,16 @@ class Snapshot:
         return sl.stop - sl.start
 
     def elapsed(self, idx, engine: bool = False, since: np.ndarray | None = None) -> np.ndarray:
-        now = self.now - self.engine_shift if engine else self.now
-        return np.maximum(now - (self.entered if since is None else since)[idx], 0.0)
+        """Seconds the items ``idx`` have spent in their state (``since``: in the phase that started then); the
+        same array for the same slice within a refresh (read it, don't write it)."""
+        key = (idx.start, idx.stop, engine) if since is None and isinstance(idx, slice) else None
+        out = self._elapsed.get(key) if key is not None else None
+        if out is None:
+            now = self.now - self.engine_shift if engine else self.now
+            out = np.maximum(now - (self.entered if since is None else since)[idx], 0.0)
+            if key is not None:
+                self._elapsed[key] = out
+        return out
 
     def running(self, states: tuple[TrajState, ...], since: str) -> tuple["_Ids", np.ndarray]:
         """(ids, elapsed) of the members of ``states`` whose phase started at column ``since`` (-1: not in it),

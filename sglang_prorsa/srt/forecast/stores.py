@@ -241,8 +241,12 @@ class DurationStore:
         """Resolve each live item's class; the used classes' curves (every item of the phase censored at its elapsed
         time; ``now`` None: complete-sample curves, no censoring) are built when first asked for."""
         res, used, resolution = self.resolve(ids, radix, elapsed.size)
-        live = self._live_censoring(used, resolution, censor_bins(elapsed, dt), radix) if now is not None else {}
-        return Fitted(self, res, used, live, dt, now)
+        if now is None:
+            return Fitted(self, res, used, {}, dt, now)
+        bins = censor_bins(elapsed, dt)
+        fitted = Fitted(self, res, used, self._live_censoring(used, resolution, bins, radix), dt, now)
+        fitted.bins_of = (elapsed, bins)  # the look-ups of the same items reuse their grid points
+        return fitted
 
     def evaluate(self, ids: Mapping[str, np.ndarray], radix: Mapping[str, int], elapsed: np.ndarray, dt: float,
                  horizons: Sequence[float], then: Callable[[Key], np.ndarray | None] | None = None,
@@ -321,6 +325,7 @@ class Fitted:
         self._live, self._now = live, now
         self._built: dict[int, GridCurve] = {}
         self._index = {key: j for j, key in enumerate(used)}
+        self.bins_of: tuple | None = None  # (elapsed array, its censor_bins) when the fit computed them
 
     @property
     def curves(self) -> list[GridCurve]:
@@ -392,22 +397,27 @@ class Fitted:
             base += tables[0].q_short.size
         # position on the grid: the elapsed time's grid point b (the tail entry beyond the data) and the fraction
         # of a step past it; off the grid the window covers (frac + 0.5) of point b + H (see ChainTable.lookup)
-        x = elapsed * (1.0 / dt)  # elapsed >= 0
+        x = elapsed * (1.0 / dt)  # elapsed >= 0; dt is a power of two: the same numbers as elapsed / dt
         x += 1e-9
-        b = x.astype(np.int64)  # floor: x >= 0
-        w = np.subtract(x, b, out=x)
+        floor = np.floor(x)
+        if self.bins_of is not None and self.bins_of[0] is elapsed:
+            # censor_bins = floor(elapsed / dt + 1e-9) capped at MAX_GRID_POINTS - 1, where every table ends anyway
+            b, fresh = self.bins_of[1], False
+        else:
+            b, fresh = floor.astype(np.int64), True
+        w = np.subtract(x, floor, out=x)
         w -= 1e-9  # the fraction of a step past b
         on_grid = w <= 1e-9
         w += 0.5
         np.minimum(w, 1.0, out=w)
         w[on_grid] = 0.0
         if present.size == 1:  # the common case: one class, no per-item class look-ups
-            k = np.minimum(b, last[0], out=b)
+            k = np.minimum(b, last[0], out=b if fresh else None)
         else:
             compact = np.zeros(len(self.used), np.int64)
             compact[present] = np.arange(present.size)
             r = compact[res]
-            k = np.minimum(b, np.asarray(last)[r], out=b)
+            k = np.minimum(b, np.asarray(last)[r], out=b if fresh else None)
             k += np.asarray(offset)[r]
         qs = [t[0] if len(t) == 1 else np.concatenate(t) for t in short]
         ql = [t[0] if len(t) == 1 else np.concatenate(t) for t in long]

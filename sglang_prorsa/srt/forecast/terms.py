@@ -39,7 +39,8 @@ from sglang_prorsa.srt.forecast.stores import DurationStore, Key
 from sglang_prorsa.srt.lifecycle.states import TrajState
 from sglang_prorsa.srt.lifecycle.tracker import Phase, TrajectoryTracker
 
-_TURN_LUT = np.array([turn_bucket(t) for t in range(128)], np.int64)
+_TURNS = 128  # turns told apart by the tool-call table; bucket of 127 = bucket of any later turn
+_TURN_LUT = np.array([turn_bucket(t) for t in range(_TURNS)], np.int64)
 
 
 def _task_of(store: DurationStore, key: Key) -> int | None:
@@ -208,12 +209,14 @@ class ArrivalTerms:
 
     def _calls_tool(self, idx: np.ndarray) -> np.ndarray:
         s = self.snap
-        if self._calls_lut is None:  # (task, turn class) -> P(calls a tool), flattened
+        if self._calls_lut is None:  # (task, turn 0..127) -> P(calls a tool), flattened; later turns share 127's
             radix = s.radix["task"]
-            self._calls_lut = np.array([self.stats.calls_tool_in_bucket(t, b) for t in range(radix)
-                                        for b in range(TURN_BUCKETS)])
-        buckets = _TURN_LUT[np.minimum(s.turn[idx], 127)]
-        return self._calls_lut[s.task[idx] * TURN_BUCKETS + buckets]
+            by_bucket = np.array([[self.stats.calls_tool_in_bucket(t, b) for b in range(TURN_BUCKETS)]
+                                  for t in range(radix)])
+            self._calls_lut = by_bucket[:, _TURN_LUT].ravel()
+        turn = np.minimum(s.turn[idx], _TURNS - 1)
+        turn += s.task[idx] * _TURNS
+        return self._calls_lut[turn]
 
     def _decode_return(self, sums: SourceSums, second_idx, second_delay) -> None:
         st, snap = self.stats.stores, self.snap
