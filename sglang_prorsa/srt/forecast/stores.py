@@ -26,6 +26,7 @@ import numpy as np
 from sglang_prorsa.srt.forecast.grid import GridCurve, MAX_GRID_POINTS, censor_bins, chain_tables, event_bins
 
 MAX_CLASSES = 4096
+ID_COLUMNS = ("task", "tool", "mode")  # the id tuple of ``DurationStore.record_ids``
 Key = tuple  # (level, *interned ids)
 
 
@@ -107,6 +108,7 @@ class DurationStore:
         # look-up tables depend on nothing else, so ``resolve`` builds them once per version (not once per refresh).
         self.version = 0
         self._resolution: tuple | None = None  # (version, radix of the finest columns, tables)
+        self._chains: dict[tuple, list[DurationClass]] = {}  # (task, tool, mode) -> its classes (record_ids)
 
     # ----- recording (event path, O(levels)) -----
     def keys(self, ids: Mapping[str, int]) -> list[Key]:
@@ -114,9 +116,32 @@ class DurationStore:
 
     def record(self, ids: Mapping[str, int], duration: float, completed: bool = True, end: float = 0.0) -> None:
         """One finished (``completed``) or cut-short operation of ``duration`` seconds that ended at ``end``."""
+        self.record_classes(self._classes_of(ids), duration, completed, end)
+
+    def record_ids(self, ids: tuple[int, int, int], duration: float, completed: bool = True, end: float = 0.0) -> None:
+        """``record`` for the ids ``(task, tool, mode)`` as a tuple (the tracker's event path): the classes of each id
+        tuple are looked up once and kept (at most ``MAX_CLASSES`` tuples), not rebuilt per event."""
+        classes = self._chains.get(ids)
+        if classes is None:
+            classes = self._classes_of(dict(zip(ID_COLUMNS, ids)))
+            if len(self._chains) < MAX_CLASSES:
+                self._chains[ids] = classes
+        self.record_classes(classes, duration, completed, end)
+
+    def record_classes(self, classes: list["DurationClass"], duration: float, completed: bool, end: float) -> None:
         duration = max(0.0, float(duration))
         end = float(end)
-        classes = self.classes
+        for cls in classes:
+            cls.record(duration, completed, end)
+            if completed:
+                n = len(cls.completed)
+                if n == 1 or n == self.min_samples:
+                    self.version += 1  # the class resolution (``resolve``) changes only here
+
+    def _classes_of(self, ids: Mapping[str, int]) -> list["DurationClass"]:
+        """The classes an operation with ``ids`` belongs to, finest first, created when first seen (when the store
+        is full, only the coarsest level's classes are still created: they still learn)."""
+        out, classes = [], self.classes
         for i, lv in enumerate(self.levels):
             key = (i,) if not lv else (i, ids[lv[0]]) if len(lv) == 1 else (i, *[ids[c] for c in lv])
             cls = classes.get(key)
@@ -125,9 +150,8 @@ class DurationStore:
                     continue  # full: the coarser classes still learn
                 cls = classes[key] = DurationClass(self.history)
                 self.version += 1
-            cls.record(duration, completed, end)
-            if completed and (cls.count == 1 or cls.count == self.min_samples):
-                self.version += 1  # the class resolution (``resolve``) changes only here
+            out.append(cls)
+        return out
 
     def prior(self, key: Key) -> float:
         value = self._prior_of(key) if self._prior_of else None

@@ -284,6 +284,60 @@ def parse_event(obj: Any, index: int = 0) -> LifecycleEvent:
     return event
 
 
+_INT_FIELDS = frozenset({"turn", "prompt_tokens", "output_tokens"})
+_NAME_FIELDS = frozenset({"group_id", "task", "tool"})
+_FAST_FIELDS = frozenset({"trajectory_id", "event", "ts", "group_id", "task", "turn", "prompt_tokens", "mode", "tool",
+                          "accepted", "instance", "output_tokens"})
+_INF = math.inf
+
+
+def _parse_plain(obj: Any) -> LifecycleEvent | None:
+    """The event of a well-formed trajectory event in its usual form (ids as strings, lengths as ints), or None for
+    anything else: then ``parse_event`` decides, with its error naming the index and the field. Only accepts what
+    ``parse_event`` accepts, and builds the same event (it is the batch path's shortcut: ~2x faster)."""
+    if type(obj) is not dict or not obj.keys() <= _FAST_FIELDS:
+        return None
+    raw = obj.get("event")
+    kind = _KIND_BY_NAME.get(raw) if type(raw) is str else None
+    if kind is None or kind in GLOBAL_EVENT_KINDS:
+        return None
+    trajectory_id = obj.get("trajectory_id")
+    if type(trajectory_id) is not str or not trajectory_id or len(trajectory_id) > MAX_ID_CHARS:
+        return None
+    fields: dict[str, Any] = {}
+    for name, value in obj.items():
+        if value is None or name == "trajectory_id" or name == "event":
+            continue
+        kind_of = type(value)
+        if name in _INT_FIELDS:
+            if kind_of is not int or value < 0:
+                return None
+        elif name in _NAME_FIELDS:
+            if kind_of is not str or not value or len(value) > MAX_ID_CHARS:
+                return None
+        elif name == "ts":
+            if (kind_of is not float and kind_of is not int) or not 0 <= value < _INF:  # NaN fails too
+                return None
+            value = float(value)
+        elif name == "instance":
+            if kind_of is int and value >= 0:
+                value = str(value)
+            elif kind_of is not str or not value or len(value) > MAX_ID_CHARS:
+                return None
+        elif name == "mode":
+            value = _SANDBOX_MODES.get(value) if kind_of is str else None
+            if value is None:
+                return None
+            fields["pause_mode"] = None
+        elif kind_of is not bool:  # accepted
+            return None
+        fields[name] = value
+    for name in _REQUIRED_BY_KIND.get(kind, ()):
+        if fields.get(name) is None:
+            return None
+    return LifecycleEvent(trajectory_id, kind, **fields)
+
+
 def parse_payload(payload: Any, max_events: int = MAX_BATCH_EVENTS) -> list[LifecycleEvent]:
     """``{...event...}`` or ``{"events": [...]}`` -> events. All-or-none: any bad event rejects the whole batch."""
     if not isinstance(payload, dict):
@@ -300,4 +354,5 @@ def parse_payload(payload: Any, max_events: int = MAX_BATCH_EVENTS) -> list[Life
         raise EventValidationError(
             f"batch of {len(events)} events exceeds the limit of {max_events}", field="events", status=413
         )
-    return [parse_event(obj, i) for i, obj in enumerate(events)]
+    plain = _parse_plain
+    return [plain(obj) or parse_event(obj, i) for i, obj in enumerate(events)]
