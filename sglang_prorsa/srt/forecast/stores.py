@@ -267,9 +267,17 @@ class DurationStore:
         res, used, resolution = self.resolve(ids, radix, elapsed.size)
         if now is None:
             return Fitted(self, res, used, {}, dt, now)
-        bins = censor_bins(elapsed, dt)
+        if math.frexp(dt)[0] == 0.5:  # dt a power of two: elapsed * (1 / dt) is exactly elapsed / dt
+            x = elapsed * (1.0 / dt)
+            x += 1e-9
+            floor = np.floor(x)
+            bins = np.minimum(floor, MAX_GRID_POINTS - 1).astype(np.int64)  # = censor_bins(elapsed, dt)
+        else:
+            x = floor = None
+            bins = censor_bins(elapsed, dt)
         fitted = Fitted(self, res, used, self._live_censoring(used, resolution, bins, radix), dt, now)
-        fitted.bins_of = (elapsed, bins)  # the look-ups of the same items reuse their grid points
+        if x is not None:  # the look-ups of the same items reuse their grid positions
+            fitted.grid_of = (elapsed, x, floor, bins)
         return fitted
 
     def evaluate(self, ids: Mapping[str, np.ndarray], radix: Mapping[str, int], elapsed: np.ndarray, dt: float,
@@ -349,7 +357,8 @@ class Fitted:
         self._live, self._now = live, now
         self._built: dict[int, GridCurve] = {}
         self._index = {key: j for j, key in enumerate(used)}
-        self.bins_of: tuple | None = None  # (elapsed array, its censor_bins) when the fit computed them
+        # (elapsed array, elapsed / dt + 1e-9, its floor, censor_bins) when the fit computed them (read only)
+        self.grid_of: tuple | None = None
 
     @property
     def curves(self) -> list[GridCurve]:
@@ -400,49 +409,57 @@ class Fitted:
                 then: Callable[[Key], np.ndarray | None] | None) -> tuple:
         """(k, w, q_short per horizon, q_long per horizon): item i's q over horizon t is
         q_short[t][k_i] + w_i * (q_long[t][k_i] - q_short[t][k_i]) (grid.py's ``ChainTable.lookup``); the tables of
-        the classes the items use, concatenated."""
+        the classes the items use, one after the other."""
         dt = self.dt
         # tables only for the classes these items use
         if len(self.used) > 1:
             present = np.flatnonzero(np.bincount(res, minlength=len(self.used)))
         else:
             present = np.zeros(1, np.int64)
-        short, long, offset, last = [[] for _ in horizons], [[] for _ in horizons], [], []
-        base = 0
-        for j in present.tolist():
-            key = self.used[j]
-            cdf = then(key) if then is not None else None
-            tables = chain_tables(self._curve(j), horizons, cdf)
-            for t, table in enumerate(tables):
-                short[t].append(table.q_short)
-                long[t].append(table.q_long)
-            offset.append(base)
-            last.append(tables[0].last)
-            base += tables[0].q_short.size
+        tables = [chain_tables(self._curve(j), horizons, then(self.used[j]) if then is not None else None)
+                  for j in present.tolist()]
         # position on the grid: the elapsed time's grid point b (the tail entry beyond the data) and the fraction
         # of a step past it; off the grid the window covers (frac + 0.5) of point b + H (see ChainTable.lookup)
-        x = elapsed * (1.0 / dt)  # elapsed >= 0; dt is a power of two: the same numbers as elapsed / dt
-        x += 1e-9
-        floor = np.floor(x)
-        if self.bins_of is not None and self.bins_of[0] is elapsed:
-            # censor_bins = floor(elapsed / dt + 1e-9) capped at MAX_GRID_POINTS - 1, where every table ends anyway
-            b, fresh = self.bins_of[1], False
+        grid = self.grid_of
+        if grid is not None and grid[0] is elapsed:
+            _, x, floor, b = grid  # shared: not written below
+            w = np.subtract(x, floor)
+            fresh = False
         else:
-            b, fresh = floor.astype(np.int64), True
-        w = np.subtract(x, floor, out=x)
+            x = elapsed * (1.0 / dt)  # elapsed >= 0
+            x += 1e-9
+            floor = np.floor(x)
+            b = floor.astype(np.int64)
+            w = np.subtract(x, floor, out=x)
+            fresh = True
         w -= 1e-9  # the fraction of a step past b
         on_grid = w <= 1e-9
         w += 0.5
         np.minimum(w, 1.0, out=w)
         w[on_grid] = 0.0
         if present.size == 1:  # the common case: one class, no per-item class look-ups
-            k = np.minimum(b, last[0], out=b if fresh else None)
+            k = np.minimum(b, tables[0][0].last, out=b if fresh else None)
+            qs = [t.q_short for t in tables[0]]
+            ql = [t.q_long for t in tables[0]]
+            return k, w, qs, ql
+        # several classes: each class's tables padded with its tail entry to one length L, so that item i's entry is
+        # row(i) * L + min(b_i, L - 1) (the same entry as min(b_i, last of its class) in its own table)
+        width = max(tb[0].last for tb in tables) + 1
+        if present.size == len(self.used):
+            rows = res
         else:
             compact = np.zeros(len(self.used), np.int64)
             compact[present] = np.arange(present.size)
-            r = compact[res]
-            k = np.minimum(b, np.asarray(last)[r], out=b if fresh else None)
-            k += np.asarray(offset)[r]
-        qs = [t[0] if len(t) == 1 else np.concatenate(t) for t in short]
-        ql = [t[0] if len(t) == 1 else np.concatenate(t) for t in long]
+            rows = compact[res]
+        k = np.minimum(b, width - 1, out=b if fresh else None)
+        k += rows * width
+        qs, ql = [], []
+        for t in range(len(horizons)):
+            for out, field in ((qs, "q_short"), (ql, "q_long")):
+                flat = np.empty(present.size * width)
+                for row, tb in enumerate(tables):
+                    q = getattr(tb[t], field)
+                    flat[row * width: row * width + q.size] = q
+                    flat[row * width + q.size: (row + 1) * width] = q[-1]
+                out.append(flat)
         return k, w, qs, ql
