@@ -27,6 +27,9 @@ PROMPT_EMA_ALPHA = 0.1
 GROWTH_WINDOW = 1024  # prompt growths per class averaged (a mean over many turns, not a jumpy EMA)
 CONTINUE_SHRINK = 8.0  # pseudo-observations pulling a fine class's tool probability toward its parent's
 _MODE_NAMES = {0: SandboxMode.PREWARM.value, 1: SandboxMode.COLD.value}
+# module constants: ``TrajState.TOOL`` is a slow class-attribute look-up on the event path (Python 3.11)
+_TOOL, _TOOL_DONE, _INTERRUPTED = TrajState.TOOL, TrajState.TOOL_DONE, TrajState.INTERRUPTED
+_SANDBOX_STARTING, _SANDBOX_READY = TrajState.SANDBOX_STARTING, TrajState.SANDBOX_READY
 
 
 def turn_bucket(turn: int) -> int:
@@ -158,11 +161,11 @@ class LifecycleStatistics(TrackerObserver):
     def on_prefill_arrival(self, traj: Trajectory, ts: float, prompt_tokens: int, previous_tokens: int | None) -> None:
         task = self.task_id(traj)
         state = traj.state  # still the state the request leaves
-        if state in (TrajState.TOOL, TrajState.TOOL_DONE):
-            self.tool_end_reported[0] += state is TrajState.TOOL_DONE
+        if state is _TOOL or state is _TOOL_DONE:
+            self.tool_end_reported[0] += state is _TOOL_DONE
             self.tool_end_reported[1] += 1
-        elif state in (TrajState.SANDBOX_STARTING, TrajState.SANDBOX_READY):
-            self.sandbox_ready_reported[0] += state is TrajState.SANDBOX_READY
+        elif state is _SANDBOX_STARTING or state is _SANDBOX_READY:
+            self.sandbox_ready_reported[0] += state is _SANDBOX_READY
             self.sandbox_ready_reported[1] += 1
         if previous_tokens is None:
             first = self._first_prompt
@@ -171,10 +174,10 @@ class LifecycleStatistics(TrackerObserver):
                 if ema is None:
                     ema = first[key] = _Ema()
                 ema.update(prompt_tokens)
-        elif traj.state is not TrajState.INTERRUPTED:  # a resent request is the same turn, not growth
+        elif state is not _INTERRUPTED:  # a resent request is the same turn, not growth
             grown = float(max(0, prompt_tokens - previous_tokens))
             keys = [(task,), ()]
-            if traj.state in (TrajState.TOOL, TrajState.TOOL_DONE):  # the tool's result is part of the growth
+            if state is _TOOL or state is _TOOL_DONE:  # the tool's result is part of the growth
                 keys.append((task, self.ids(traj)["tool"]))
             growth = self._growth
             for key in keys:
