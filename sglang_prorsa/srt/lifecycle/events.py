@@ -289,6 +289,8 @@ _NAME_FIELDS = frozenset({"group_id", "task", "tool"})
 _FAST_FIELDS = frozenset({"trajectory_id", "event", "ts", "group_id", "task", "turn", "prompt_tokens", "mode", "tool",
                           "accepted", "instance", "output_tokens"})
 _INF = math.inf
+_K_REQUEST_ARRIVED, _K_SANDBOX_START, _K_PREFILL_START = (EventKind.REQUEST_ARRIVED, EventKind.SANDBOX_START,
+                                                          EventKind.PREFILL_START)
 
 
 def _parse_plain(obj: Any) -> LifecycleEvent | None:
@@ -304,38 +306,53 @@ def _parse_plain(obj: Any) -> LifecycleEvent | None:
     trajectory_id = obj.get("trajectory_id")
     if type(trajectory_id) is not str or not trajectory_id or len(trajectory_id) > MAX_ID_CHARS:
         return None
-    fields: dict[str, Any] = {}
+    ts = group_id = task = turn = prompt_tokens = mode = tool = accepted = instance = output_tokens = None
     for name, value in obj.items():
         if value is None or name == "trajectory_id" or name == "event":
             continue
         kind_of = type(value)
-        if name in _INT_FIELDS:
+        if name == "ts":
+            if (kind_of is not float and kind_of is not int) or not 0 <= value < _INF:  # NaN fails too
+                return None
+            ts = float(value)
+        elif name in _INT_FIELDS:
             if kind_of is not int or value < 0:
                 return None
+            if name == "prompt_tokens":
+                prompt_tokens = value
+            elif name == "turn":
+                turn = value
+            else:
+                output_tokens = value
         elif name in _NAME_FIELDS:
             if kind_of is not str or not value or len(value) > MAX_ID_CHARS:
                 return None
-        elif name == "ts":
-            if (kind_of is not float and kind_of is not int) or not 0 <= value < _INF:  # NaN fails too
-                return None
-            value = float(value)
+            if name == "task":
+                task = value
+            elif name == "group_id":
+                group_id = value
+            else:
+                tool = value
         elif name == "instance":
             if kind_of is int and value >= 0:
-                value = str(value)
+                instance = str(value)
             elif kind_of is not str or not value or len(value) > MAX_ID_CHARS:
                 return None
+            else:
+                instance = value
         elif name == "mode":
-            value = _SANDBOX_MODES.get(value) if kind_of is str else None
-            if value is None:
+            mode = _SANDBOX_MODES.get(value) if kind_of is str else None
+            if mode is None:
                 return None
-            fields["pause_mode"] = None
-        elif kind_of is not bool:  # accepted
+        elif kind_of is bool:  # accepted
+            accepted = value
+        else:
             return None
-        fields[name] = value
-    for name in _REQUIRED_BY_KIND.get(kind, ()):
-        if fields.get(name) is None:
-            return None
-    return LifecycleEvent(trajectory_id, kind, **fields)
+    if ((kind is _K_REQUEST_ARRIVED and prompt_tokens is None) or (kind is _K_SANDBOX_START and mode is None)
+            or (kind is _K_PREFILL_START and instance is None)):
+        return None  # a required field is missing: parse_event says which
+    return LifecycleEvent(trajectory_id, kind, ts, group_id, task, turn, prompt_tokens, mode, tool, accepted, instance,
+                          output_tokens)
 
 
 def parse_payload(payload: Any, max_events: int = MAX_BATCH_EVENTS) -> list[LifecycleEvent]:

@@ -213,7 +213,8 @@ class TrajectoryTracker:
             traj = self._create(event, ts, target)
             self._enter(traj, target, event, ts, previous=None)
             traj.stamped = event.ts is not None
-            return self._count(event, None, _O_APPLIED)
+            self.counts[_O_APPLIED] += 1
+            return _O_APPLIED
         if traj.state is target and traj.last_kind is event.kind:
             return self._count(event, traj.state, _O_DUPLICATE)
         if event.ts is not None and traj.stamped and event.ts < traj.entered_at and event.kind not in _TERMINAL:
@@ -233,7 +234,8 @@ class TrajectoryTracker:
         else:
             self._enter(traj, target, event, ts, previous)
             traj.stamped = event.ts is not None
-        return self._count(event, previous, _O_APPLIED)
+        self.counts[_O_APPLIED] += 1
+        return _O_APPLIED
 
     def _count(self, event: LifecycleEvent, state: TrajState | None, outcome: Outcome) -> Outcome:
         self.counts[outcome] += 1
@@ -440,7 +442,10 @@ class TrajectoryTracker:
 
     def _censor_open_phase(self, traj: Trajectory, ts: float) -> None:
         """A trajectory that stops (aborted / interrupted) mid-phase: that phase's duration is censored."""
-        state, e = traj.state, max(0.0, ts - traj.entered_at)
+        state = traj.state
+        if state is _READY or state is _PREFILL:  # no timed phase runs while a request waits for / is in prefill
+            return
+        e = max(0.0, ts - traj.entered_at)
         if state is _DECODE:
             self._phase_done(_P_DECODE, traj, e, completed=False)
         elif state is _SAMPLED:
