@@ -321,9 +321,10 @@ def bench_ingest(batches: int, single: int, repeats: int, root: Path = ROOT, lab
                 # else the machine runs (a shared machine's wall-clock rate also counts waiting for a core)
                 if cpu_rates[name]:
                     out[name][f"batched_{size}_per_cpu_s"] = spread(cpu_rates[name])
-                log.info("ingest (%s): %5d events per request -> median %.0f events/s (min %.0f, max %.0f); %.0f events "
-                         "per server CPU second", name, size, statistics.median(rates[name]), min(rates[name]),
-                         max(rates[name]), statistics.median(cpu_rates[name]) if cpu_rates[name] else float("nan"))
+                log.info("ingest (%s): %5d events per request -> median %.0f events/s (min %.0f, max %.0f); "
+                         "%.0f events per server CPU second", name, size, statistics.median(rates[name]),
+                         min(rates[name]), max(rates[name]),
+                         statistics.median(cpu_rates[name]) if cpu_rates[name] else float("nan"))
         for name, (_, url) in servers.items():
             start = time.perf_counter()
             for i in range(single):
@@ -598,8 +599,9 @@ def report(results: dict) -> None:
                          if bc and sc else ""))
         for prev_label, prev in results.get("previous", {}).items():
             if prev.get("ingest"):
-                print(f"  {prev_label} (recorded): " + ", ".join(
-                    f"{size}/request {prev['ingest'][f'batched_{size}']['median']:.0f} events/s" for size in (1_000, 10_000)))
+                rates = [f"{size}/request {prev['ingest'][f'batched_{size}']['median']:.0f} events/s"
+                         for size in (1_000, 10_000)]
+                print(f"  {prev_label} (recorded): " + ", ".join(rates))
     if results.get("memory"):
         m = results["memory"]
         print(f"\nMemory (fresh process): {m['trajectories']:,} trajectories through the control plane; RSS "
@@ -628,8 +630,8 @@ def main() -> int:
     parser.add_argument("--baseline", type=Path, help="another checkout (e.g. `git archive <commit> | tar -x -C DIR`): "
                         "its refresh and ingest are measured too, alternating with this one's")
     parser.add_argument("--baseline-label", default="baseline", help="what --baseline is, for the JSON and the report")
-    parser.add_argument("--keep-previous", metavar="LABEL", help="keep the refresh / ingest numbers recorded in the JSON "
-                        "under previous.LABEL before replacing them")
+    parser.add_argument("--keep-previous", metavar="LABEL", help="keep the refresh / ingest numbers recorded in the "
+                        "JSON under previous.LABEL before replacing them")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     sections = set(args.sections.split(","))
