@@ -347,35 +347,36 @@ class TrajectoryTracker:
         self._move(traj, target, ts)
 
     def _on_request_arrived(self, traj: Trajectory, event: LifecycleEvent, ts: float, previous) -> None:
-        phase = self._phase_done
-        if previous in _SANDBOX_STATES and traj.sandbox_started_at is not None:
-            for cb in self._cb["on_startup_finished"]:
-                cb(traj.mode or _M_PREWARM, traj.startup_load, ts - traj.sandbox_started_at)
-            phase(_P_STARTUP, traj, ts - traj.sandbox_started_at)
-            if traj.sandbox_ready_at is not None:
-                phase(_P_READY_WAIT, traj, ts - traj.sandbox_ready_at)
-        if not traj.seen_request and traj.launched_at is not None:
-            phase(_P_LAUNCH, traj, ts - traj.launched_at)
-            # d_hat (B.2) is the delay of a *prewarmed* launch; cold starts would bias it.
-            if traj.mode is not _M_COLD:
-                for cb in self._cb["on_launch_finished"]:
-                    cb(max(0.0, ts - traj.launched_at))
-        if previous is _TOOL:  # tool_end never came: the arrival ends the tool
-            self._notify_tool(traj, ts)
-        if previous in _AFTER_RESPONSE_STATES and traj.decoded_at is not None:
-            if previous is _DECODED:  # the trainer skipped tool_start: the turn continued all the same
-                for cb in self._cb["on_turn_decided"]:
-                    cb(traj, True)
-            phase(_P_DECODE_RETURN, traj, ts - traj.decoded_at)
-        if traj.tool_started_at is not None and previous in _TOOL_STATES:
-            phase(_P_TOOL_RETURN, traj, ts - traj.tool_started_at)
-            if traj.tool_ended_at is not None:
-                phase(_P_POST_TOOL, traj, ts - traj.tool_ended_at)
-        resent = previous is _INTERRUPTED
-        if resent and traj.interrupted_at is not None:
-            phase(_P_RESEND, traj, ts - traj.interrupted_at)
-        if event.turn is None and traj.seen_request and not resent:
-            traj.turn += 1
+        if previous is not None:  # a trajectory this request creates has no phase to close and no turn to count
+            phase = self._phase_done
+            if previous in _SANDBOX_STATES and traj.sandbox_started_at is not None:
+                for cb in self._cb["on_startup_finished"]:
+                    cb(traj.mode or _M_PREWARM, traj.startup_load, ts - traj.sandbox_started_at)
+                phase(_P_STARTUP, traj, ts - traj.sandbox_started_at)
+                if traj.sandbox_ready_at is not None:
+                    phase(_P_READY_WAIT, traj, ts - traj.sandbox_ready_at)
+            if not traj.seen_request and traj.launched_at is not None:
+                phase(_P_LAUNCH, traj, ts - traj.launched_at)
+                # d_hat (B.2) is the delay of a *prewarmed* launch; cold starts would bias it.
+                if traj.mode is not _M_COLD:
+                    for cb in self._cb["on_launch_finished"]:
+                        cb(max(0.0, ts - traj.launched_at))
+            if previous is _TOOL:  # tool_end never came: the arrival ends the tool
+                self._notify_tool(traj, ts)
+            if previous in _AFTER_RESPONSE_STATES and traj.decoded_at is not None:
+                if previous is _DECODED:  # the trainer skipped tool_start: the turn continued all the same
+                    for cb in self._cb["on_turn_decided"]:
+                        cb(traj, True)
+                phase(_P_DECODE_RETURN, traj, ts - traj.decoded_at)
+            if traj.tool_started_at is not None and previous in _TOOL_STATES:
+                phase(_P_TOOL_RETURN, traj, ts - traj.tool_started_at)
+                if traj.tool_ended_at is not None:
+                    phase(_P_POST_TOOL, traj, ts - traj.tool_ended_at)
+            resent = previous is _INTERRUPTED
+            if resent and traj.interrupted_at is not None:
+                phase(_P_RESEND, traj, ts - traj.interrupted_at)
+            if event.turn is None and traj.seen_request and not resent:
+                traj.turn += 1
         cols, slot = self.columns, traj.slot
         cols.turn[slot] = traj.turn
         prior = traj.prompt_tokens
