@@ -13,12 +13,14 @@ against the floor (a forecaster with the exact arrival probabilities), all measu
    cold mix).
 
     PYTHONSAFEPATH=1 PYTHONPATH=. python benchmarks/bench_predictor.py [--quick] [--sections refresh,ingest,...]
-        [--baseline DIR]
+        [--baseline DIR [--baseline-label TEXT]] [--keep-previous LABEL]
 
-Writes ``benchmarks/results/predictor_*.json`` and ``predictor_*.png``. The first cut's recorded numbers (``OLD``)
-are printed beside the new ones; with ``--baseline DIR`` (a checkout of the first cut, e.g.
-``git archive 259955d | tar -x -C DIR``) its refresh and ingest are also measured in the same run, so the ratios
-hold whatever else the machine is doing.
+Writes ``benchmarks/results/predictor_*.json`` and ``predictor_*.png``; ``--sections`` runs only the parts named
+(the others keep their recorded numbers). The first cut's recorded numbers (``OLD``) are printed beside the new ones;
+with ``--baseline DIR`` (another checkout, e.g. ``git archive 92d1144 | tar -x -C DIR``) its refresh and ingest are
+measured in the same run, alternating with this checkout's (refresh by refresh in a worker process; ingest repeat by
+repeat against a second server), so the ratios hold whatever else the machine is doing. ``--keep-previous LABEL``
+keeps the refresh / ingest numbers the JSON held before under ``previous.LABEL``.
 """
 
 from __future__ import annotations
@@ -148,52 +150,77 @@ def populated_plane(n_live: int, seed: int = 0) -> tuple[LifecycleControlPlane, 
     return cp, now, added
 
 
-BASELINE_REFRESH = """
-import json, sys, time, statistics
+BASELINE_WORKER = """
+import sys, time
 sys.path.insert(0, sys.argv[1] + "/benchmarks")
 from bench_predictor import populated_plane
-out = {}
-for n in map(int, sys.argv[2].split(",")):
-    cp, now = populated_plane(n)[:2]
-    wall, cpu = [], []
-    for k in range(3 if n >= 100_000 else 7):
-        t0, c0 = time.perf_counter(), time.process_time()
-        cp.predictor.forecast(now + 0.01 * k)
-        wall.append(1e3 * (time.perf_counter() - t0))
-        cpu.append(1e3 * (time.process_time() - c0))
-    out[n] = {"wall_ms": statistics.median(wall), "cpu_ms": statistics.median(cpu)}
-print(json.dumps(out))
+cp, now = populated_plane(int(sys.argv[2]))[:2]
+print("ready", flush=True)
+for line in sys.stdin:
+    at = float(line)
+    t0, c0 = time.perf_counter(), time.process_time()
+    cp.predictor.forecast(at)
+    print(1e3 * (time.perf_counter() - t0), 1e3 * (time.process_time() - c0), flush=True)
 """
 
 
-def bench_refresh_baseline(root: Path, sizes: list[int]) -> dict:
-    """The first cut's refresh, measured now by its own benchmark code in a subprocess."""
-    env = dict(os.environ, PYTHONPATH=str(root), PYTHONSAFEPATH="1")
-    out = subprocess.run([sys.executable, "-c", BASELINE_REFRESH, str(root), ",".join(map(str, sizes))], env=env,
-                         capture_output=True, text=True, timeout=1800, check=True)
-    rows = {int(k): v for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
-    for n, r in rows.items():
-        log.info("refresh (first cut): %8d live -> %.1f ms wall, %.1f ms CPU", n, r["wall_ms"], r["cpu_ms"])
-    return rows
+class BaselineRefresher:
+    """The baseline checkout's refresh in a subprocess (its own code and its own ``populated_plane``), driven one
+    refresh at a time so that its refreshes alternate with ours: both see the same machine load."""
+
+    def __init__(self, root: Path, n_live: int) -> None:
+        env = dict(os.environ, PYTHONPATH=str(root), PYTHONSAFEPATH="1")
+        self.proc = subprocess.Popen([sys.executable, "-c", BASELINE_WORKER, str(root), str(n_live)], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("baseline refresh worker did not start")
+
+    def refresh(self, at: float) -> tuple[float, float]:
+        self.proc.stdin.write(f"{at!r}\n")
+        self.proc.stdin.flush()
+        wall, cpu = map(float, self.proc.stdout.readline().split())
+        return wall, cpu
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
 
 
-def bench_refresh(sizes: list[int]) -> list[dict]:
+def bench_refresh(sizes: list[int], baseline: Path | None = None, step_s: float = 0.25) -> list[dict]:
+    """Median and spread of repeated refreshes, ``step_s`` apart (the server's refresher runs every 0.25 s: the live
+    trajectories age between refreshes, as in service). With ``baseline``, that checkout's refresh on the same live
+    set alternates with ours, refresh by refresh."""
     rows = []
     for n in sizes:
         cp, now, added = populated_plane(n)
-        repeats = 3 if n >= 1_000_000 else 9
-        times, cpu = [], []
-        for k in range(repeats):
+        base = BaselineRefresher(baseline, n) if baseline is not None else None
+        repeats = 5 if n >= 1_000_000 else 21
+        times, cpu, b_times, b_cpu = [], [], [], []
+        for k in range(-2, repeats):  # two warm-up refreshes each
+            at = now + step_s * (k + 2)
             start, start_cpu = time.perf_counter(), time.process_time()
-            fc = cp.predictor.forecast(now + 0.01 * k)
-            times.append(1e3 * (time.perf_counter() - start))
-            cpu.append(1e3 * (time.process_time() - start_cpu))
+            fc = cp.predictor.forecast(at)
+            wall_ms, cpu_ms = 1e3 * (time.perf_counter() - start), 1e3 * (time.process_time() - start_cpu)
+            b_wall, b_cpu_ms = base.refresh(at) if base is not None else (None, None)
+            if k >= 0:
+                times.append(wall_ms)
+                cpu.append(cpu_ms)
+                if base is not None:
+                    b_times.append(b_wall)
+                    b_cpu.append(b_cpu_ms)
         # wall time on a shared machine includes waiting for a core; CPU time is what the refresh itself costs
-        rows.append({"live": n, "refresh_ms": spread(times), "refresh_cpu_ms": spread(cpu), "bytes_per_live": added / n,
-                     "prefill_tokens": fc.prefill_tokens})
+        row = {"live": n, "refresh_ms": spread(times), "refresh_cpu_ms": spread(cpu), "bytes_per_live": added / n,
+               "prefill_tokens": fc.prefill_tokens, "step_s": step_s}
+        if base is not None:
+            base.close()
+            ratios = [b / a for a, b in zip(cpu, b_cpu)]
+            row["baseline"] = {"refresh_ms": spread(b_times), "refresh_cpu_ms": spread(b_cpu),
+                               "speedup_cpu": spread(ratios)}
+        rows.append(row)
         log.info("refresh: %8d live -> median %.2f ms wall (min %.2f, max %.2f), %.2f ms CPU; %.0f B per live "
-                 "trajectory", n, rows[-1]["refresh_ms"]["median"], min(times), max(times), statistics.median(cpu),
-                 added / n)
+                 "trajectory%s", n, row["refresh_ms"]["median"], min(times), max(times), statistics.median(cpu),
+                 added / n, "" if base is None else f"; baseline {statistics.median(b_cpu):.2f} ms CPU, paired "
+                 f"speed-up x{row['baseline']['speedup_cpu']['median']:.2f}")
         del cp
         gc.collect()
     return rows
@@ -206,8 +233,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def bench_ingest(batches: int, single: int, repeats: int, root: Path = ROOT, label: str = "rebuilt") -> dict:
-    """``POST /lifecycle`` against ``python -m sglang_prorsa.control_plane`` run from the checkout ``root``."""
+def _start_control_plane(root: Path):
+    """``python -m sglang_prorsa.control_plane`` from the checkout ``root`` on a free port: (process, url)."""
     import requests
 
     port = _free_port()
@@ -215,49 +242,101 @@ def bench_ingest(batches: int, single: int, repeats: int, root: Path = ROOT, lab
     proc = subprocess.Popen([sys.executable, "-m", "sglang_prorsa.control_plane", "--host", "127.0.0.1", "--port",
                              str(port)], cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    out: dict = {}
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if requests.get(f"{url}/health", timeout=1).ok:
+                return proc, url
+        except requests.ConnectionError:
+            if time.monotonic() > deadline:
+                os.kill(proc.pid, signal.SIGTERM)
+                raise RuntimeError("control plane did not start")
+            time.sleep(0.1)
+
+
+class _Batches:
+    """Request bodies of ``size`` events: request_arrived + aborted pairs (the live set stays small)."""
+
+    def __init__(self) -> None:
+        self.serial = 0
+
+    def make(self, batches: int, size: int) -> list[bytes]:
+        bodies = []
+        for _ in range(batches):
+            events = []
+            for _ in range(size // 2):
+                tid = f"b{self.serial}"
+                self.serial += 1
+                events += [{"trajectory_id": tid, "event": "request_arrived", "prompt_tokens": 4096},
+                           {"trajectory_id": tid, "event": "aborted"}]
+            bodies.append(json.dumps({"events": events}).encode())
+        return bodies
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads) so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _post_all(session, url: str, bodies: list[bytes]) -> float:
+    headers = {"Content-Type": "application/json"}
+    start = time.perf_counter()
+    for body in bodies:
+        session.post(f"{url}/lifecycle", data=body, headers=headers, timeout=60).raise_for_status()
+    return time.perf_counter() - start
+
+
+def bench_ingest(batches: int, single: int, repeats: int, root: Path = ROOT, label: str = "rebuilt",
+                 baseline: Path | None = None) -> tuple[dict, dict | None]:
+    """``POST /lifecycle`` against ``python -m sglang_prorsa.control_plane`` run from the checkout ``root`` (and,
+    with ``baseline``, from that checkout too: both servers run, and every repeat measures one then the other, in
+    alternating order, so that both see the same machine load)."""
+    import requests
+
+    servers = {label: _start_control_plane(root)}
+    if baseline is not None:
+        servers["baseline"] = _start_control_plane(baseline)
+    out: dict = {name: {} for name in servers}
+    sessions = {name: requests.Session() for name in servers}
+    batches_of = {name: _Batches() for name in servers}
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if requests.get(f"{url}/health", timeout=1).ok:
-                    break
-            except requests.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("control plane did not start")
-                time.sleep(0.1)
-        session = requests.Session()
-        headers = {"Content-Type": "application/json"}
-        serial = 0
         for size in (1_000, 10_000):
-            rates = []
-            for _ in range(repeats):
-                bodies = []
-                for _ in range(batches):
-                    events = []
-                    for k in range(size // 2):  # request_arrived + aborted pairs keep the live set small
-                        tid = f"b{serial}"
-                        serial += 1
-                        events += [{"trajectory_id": tid, "event": "request_arrived", "prompt_tokens": 4096},
-                                   {"trajectory_id": tid, "event": "aborted"}]
-                    bodies.append(json.dumps({"events": events}).encode())
-                start = time.perf_counter()
-                for body in bodies:
-                    session.post(f"{url}/lifecycle", data=body, headers=headers, timeout=60).raise_for_status()
-                rates.append(batches * size / (time.perf_counter() - start))
-            out[f"batched_{size}"] = spread(rates)
-            log.info("ingest (%s): %5d events per request -> median %.0f events/s (min %.0f, max %.0f)", label, size,
-                     statistics.median(rates), min(rates), max(rates))
-        start = time.perf_counter()
-        for i in range(single):
-            body = {"trajectory_id": f"s{i // 2}", "event": "sampled" if i % 2 == 0 else "aborted"}
-            session.post(f"{url}/lifecycle", json=body, timeout=10).raise_for_status()
-        out["single"] = single / (time.perf_counter() - start)
-        log.info("ingest (%s): single events -> %.0f events/s", label, out["single"])
+            rates: dict = {name: [] for name in servers}
+            cpu_rates: dict = {name: [] for name in servers}
+            for r in range(repeats):
+                names = list(servers) if r % 2 == 0 else list(servers)[::-1]
+                for name in names:
+                    bodies = batches_of[name].make(batches, size)
+                    pid = servers[name][0].pid
+                    cpu = _cpu_seconds(pid)
+                    rates[name].append(batches * size / _post_all(sessions[name], servers[name][1], bodies))
+                    cpu = _cpu_seconds(pid) - cpu
+                    if cpu > 0:
+                        cpu_rates[name].append(batches * size / cpu)
+            for name in servers:
+                out[name][f"batched_{size}"] = spread(rates[name])
+                # events per second of the server's own CPU time: what a core to itself would take in, whatever
+                # else the machine runs (a shared machine's wall-clock rate also counts waiting for a core)
+                if cpu_rates[name]:
+                    out[name][f"batched_{size}_per_cpu_s"] = spread(cpu_rates[name])
+                log.info("ingest (%s): %5d events per request -> median %.0f events/s (min %.0f, max %.0f); "
+                         "%.0f events per server CPU second", name, size, statistics.median(rates[name]),
+                         min(rates[name]), max(rates[name]),
+                         statistics.median(cpu_rates[name]) if cpu_rates[name] else float("nan"))
+        for name, (_, url) in servers.items():
+            start = time.perf_counter()
+            for i in range(single):
+                body = {"trajectory_id": f"s{i // 2}", "event": "sampled" if i % 2 == 0 else "aborted"}
+                sessions[name].post(f"{url}/lifecycle", json=body, timeout=10).raise_for_status()
+            out[name]["single"] = single / (time.perf_counter() - start)
+            log.info("ingest (%s): single events -> %.0f events/s", name, out[name]["single"])
     finally:
-        os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-    return out
+        for proc, _ in servers.values():
+            os.kill(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=10)
+    return out[label], out.get("baseline")
 
 
 # ----- 3. memory over many trajectories -----
@@ -401,7 +480,15 @@ def plot(results: dict) -> list[Path]:
     if results.get("refresh"):
         rows = results["refresh"]
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
-        ax.loglog([r["live"] for r in rows], [r["refresh_ms"]["median"] for r in rows], "o-", label="rebuilt (median)")
+        ax.loglog([r["live"] for r in rows], [r["refresh_ms"]["median"] for r in rows], "o-", label="now (median)")
+        based = [r for r in rows if r.get("baseline")]
+        if based:
+            ax.loglog([r["live"] for r in based], [r["baseline"]["refresh_ms"]["median"] for r in based], "s--",
+                      label=f"{results.get('baseline_label', 'baseline')}, same run")
+        for label, prev in results.get("previous", {}).items():
+            if prev.get("refresh"):
+                ax.loglog([r["live"] for r in prev["refresh"]], [r["refresh_ms"]["median"] for r in prev["refresh"]],
+                          ".:", alpha=0.7, label=f"{label} (recorded)")
         ax.loglog([100_000], [OLD["refresh_ms_100k"]], "rx", ms=9, label="first cut at 100k")
         ax.axhline(10, color="grey", ls=":", label="target 10 ms at 100k")
         ax.set_xlabel("live trajectories")
@@ -471,6 +558,17 @@ def report(results: dict) -> None:
         if at:
             print(f"  100k: {at['refresh_ms']['median']:.2f} ms vs the first cut's recorded {OLD['refresh_ms_100k']:.0f} ms "
                   f"(target 10 ms)")
+        label = results.get("baseline_label", "baseline")
+        for r in results["refresh"]:
+            b = r.get("baseline")
+            if b:
+                sp = b["speedup_cpu"]
+                print(f"{r['live']:>9} {label}, same run, alternating: {b['refresh_ms']['median']:.2f} ms wall, "
+                      f"{b['refresh_cpu_ms']['median']:.2f} ms CPU -> now x{sp['median']:.2f} faster (CPU, paired; "
+                      f"[{sp['min']:.2f}, {sp['max']:.2f}])")
+        for prev_label, prev in results.get("previous", {}).items():
+            for r in prev.get("refresh", []):
+                print(f"{r['live']:>9} {prev_label} (recorded): {r['refresh_ms']['median']:.2f} ms wall")
         base = results.get("refresh_baseline")
         if base:
             print("  the first cut, measured in this run:")
@@ -485,14 +583,25 @@ def report(results: dict) -> None:
         print("\nHTTP ingest, POST /lifecycle on 127.0.0.1 (median [min, max])")
         for size in (1_000, 10_000):
             s = ing[f"batched_{size}"]
-            print(f"  {size:>6} events/request: {s['median']:>9.0f} events/s [{s['min']:.0f}, {s['max']:.0f}]   "
-                  f"first cut: {OLD['batched_events_s']:.0f} (1,000/request); target 100,000")
+            c = ing.get(f"batched_{size}_per_cpu_s")
+            print(f"  {size:>6} events/request: {s['median']:>9.0f} events/s [{s['min']:.0f}, {s['max']:.0f}]"
+                  + (f"; {c['median']:.0f} per server CPU second [{c['min']:.0f}, {c['max']:.0f}]" if c else "")
+                  + f"   first cut: {OLD['batched_events_s']:.0f} (1,000/request); target 100,000")
         print(f"  single events:          {ing['single']:>9.0f} events/s")
         base = results.get("ingest_baseline")
         if base:
+            label = results.get("baseline_label", "baseline")
             for size in (1_000, 10_000):
                 b, s = base[f"batched_{size}"]["median"], ing[f"batched_{size}"]["median"]
-                print(f"  first cut, this run, {size:>6}/request: {b:>9.0f} events/s -> rebuilt {s / b:.2f}x")
+                bc, sc = base.get(f"batched_{size}_per_cpu_s"), ing.get(f"batched_{size}_per_cpu_s")
+                print(f"  {label}, this run, {size:>6}/request: {b:>9.0f} events/s -> now {s / b:.2f}x"
+                      + (f"; {bc['median']:.0f} per server CPU second -> now {sc['median'] / bc['median']:.2f}x"
+                         if bc and sc else ""))
+        for prev_label, prev in results.get("previous", {}).items():
+            if prev.get("ingest"):
+                rates = [f"{size}/request {prev['ingest'][f'batched_{size}']['median']:.0f} events/s"
+                         for size in (1_000, 10_000)]
+                print(f"  {prev_label} (recorded): " + ", ".join(rates))
     if results.get("memory"):
         m = results["memory"]
         print(f"\nMemory (fresh process): {m['trajectories']:,} trajectories through the control plane; RSS "
@@ -518,7 +627,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller counts and shorter runs (a few minutes)")
     parser.add_argument("--sections", default="refresh,ingest,memory,accuracy,robustness")
-    parser.add_argument("--baseline", type=Path, help="a checkout of the first cut: measure it too, in this run")
+    parser.add_argument("--baseline", type=Path, help="another checkout (e.g. `git archive <commit> | tar -x -C DIR`): "
+                        "its refresh and ingest are measured too, alternating with this one's")
+    parser.add_argument("--baseline-label", default="baseline", help="what --baseline is, for the JSON and the report")
+    parser.add_argument("--keep-previous", metavar="LABEL", help="keep the refresh / ingest numbers recorded in the "
+                        "JSON under previous.LABEL before replacing them")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     sections = set(args.sections.split(","))
@@ -527,16 +640,22 @@ def main() -> int:
     out_json = RESULTS / ("predictor_quick.json" if quick else "predictor.json")
     results: dict = json.loads(out_json.read_text()) if out_json.exists() else {}
     results["old"] = OLD
+    if args.keep_previous:
+        kept = results.setdefault("previous", {}).setdefault(args.keep_previous, {})
+        for part in ("refresh", "ingest"):
+            if part in sections and part in results:
+                kept[part] = results[part]
+    if args.baseline:
+        results["baseline_label"] = args.baseline_label
     if "refresh" in sections:
         sizes = [1_000, 10_000, 100_000] if quick else [1_000, 10_000, 100_000, 1_000_000]
-        results["refresh"] = bench_refresh(sizes)
-        if args.baseline:
-            results["refresh_baseline"] = bench_refresh_baseline(args.baseline, [n for n in sizes if n <= 100_000])
+        results.pop("refresh_baseline", None)  # the first cut's, from an older run: not comparable any more
+        results["refresh"] = bench_refresh(sizes, baseline=args.baseline)
     if "ingest" in sections:
-        kw = dict(batches=5 if quick else 20, single=200 if quick else 2_000, repeats=2 if quick else 3)
-        if args.baseline:  # alternate, so both see the same machine
-            results["ingest_baseline"] = bench_ingest(**kw, root=args.baseline, label="first cut")
-        results["ingest"] = bench_ingest(**kw)
+        kw = dict(batches=5 if quick else 20, single=200 if quick else 2_000, repeats=3 if quick else 7)
+        results["ingest"], results["ingest_baseline"] = bench_ingest(**kw, baseline=args.baseline)
+        if results["ingest_baseline"] is None:
+            results.pop("ingest_baseline")
     if "memory" in sections:
         results["memory"] = bench_memory_fresh(300_000 if quick else 1_000_000)
     if "accuracy" in sections:

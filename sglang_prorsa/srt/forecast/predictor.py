@@ -291,8 +291,8 @@ class WorkloadPredictor:
         p_hat = self.stats.acceptance.value
         n_pass, q = 0.0, np.zeros(0)
         if Snapshot.count(idx):
-            (q,) = self.stats.stores[Phase.REWARD].evaluate(snap.ids(idx), snap.radix, snap.elapsed(idx), dt, (horizon,),
-                                                            now=snap.now)
+            fitted = self.terms.fitted(self.stats.stores[Phase.REWARD], idx)  # the sampler term's fit
+            (q,) = fitted.probabilities(fitted.res, snap.elapsed(idx), (horizon,), None)
             n_pass = p_hat * float(q.sum())
         d_hat = self.stats.launch_delay.value
         policy = self.config.injection.policy

@@ -51,11 +51,9 @@ class NewSamples:
         if policy is InjectionPolicy.REPLACE_ON_REWARD:
             idx = self.snap.members(TrajState.REWARD)
             if Snapshot.count(idx):
-                q_s, q_h = self.stats.stores[Phase.REWARD].evaluate(
-                    self.snap.ids(idx), self.snap.radix, self.snap.elapsed(idx), self.dt, (self.S, self.h),
-                    lambda key: self.launch_cdf(), now=self.snap.now)
-                p = self.stats.acceptance.value
-                self._add(sums, p * q_s, p * q_h, self.x_new[self.snap.task[idx]])
+                fitted = self.terms.fitted(self.stats.stores[Phase.REWARD], idx)
+                self.terms._expect(sums, fitted, None, self.snap.elapsed(idx), lambda key: self.launch_cdf(),
+                                   self.x_new[self.snap.task[idx]], self.stats.acceptance.value)
         elif policy is InjectionPolicy.FIXED_RATE:
             rate = self.config.injection.rate_per_s
             n_s, n_h = (rate * self.dt * float(self.launch_cdf()[: int(round(h / self.dt))].sum())

@@ -34,6 +34,13 @@ class SourceSums:
         self.count += float(q_s.sum())
         self.admitted_count += float(q_h.sum())
 
+    def add_expected(self, tokens: list[float], requests: list[float]) -> None:
+        """Totals from ``Fitted.expected``: [over S, over h*] of sum q_i x_i and of sum q_i."""
+        self.arrivals += tokens[0]
+        self.admitted += tokens[1]
+        self.count += requests[0]
+        self.admitted_count += requests[1]
+
     def add_new(self, n_arrivals: float, n_admitted: float, x: float) -> None:
         self.arrivals += n_arrivals * x
         self.count += n_arrivals
@@ -54,6 +61,8 @@ class Snapshot:
 
     COLUMNS = ("entered", "prompt", "next_prompt", "task", "tool", "turn", "group", "mode", "instance", "launched",
                "sandbox", "decoded", "tool_start")
+    # read for most states: gathered once for every live slot (one gather; slices are views), the others per slice
+    WHOLE = frozenset({"entered", "prompt", "next_prompt", "task", "turn"})
 
     def __init__(self, now: float, engine_shift: float, columns, radix: dict) -> None:
         self.now = now
@@ -65,13 +74,16 @@ class Snapshot:
         counts = np.bincount(state.astype(np.int64) + 1, minlength=len(STATE_CODES) + 1)
         self._ends = np.cumsum(counts)  # _ends[code + 1]: slots with a state code <= code (FREE = -1 first)
         self._sorted: dict[str, np.ndarray] = {}
+        self._elapsed: dict[tuple, np.ndarray] = {}
 
     def __getattr__(self, name: str) -> "_SortedColumn":
         if name not in Snapshot.COLUMNS:
             raise AttributeError(name)
         col = self._sorted.get(name)
         if col is None:
-            col = self._sorted[name] = _SortedColumn(self._columns.view(name), self._order)
+            whole = name in Snapshot.WHOLE
+            col = self._sorted[name] = _SortedColumn(self._columns.view(name), self._order,
+                                                     int(self._ends[0]) if whole else None)
         return col
 
     def members(self, state: TrajState) -> slice:
@@ -88,8 +100,16 @@ class Snapshot:
         return sl.stop - sl.start
 
     def elapsed(self, idx, engine: bool = False, since: np.ndarray | None = None) -> np.ndarray:
-        now = self.now - self.engine_shift if engine else self.now
-        return np.maximum(now - (self.entered if since is None else since)[idx], 0.0)
+        """Seconds the items ``idx`` have spent in their state (``since``: in the phase that started then); the
+        same array for the same slice within a refresh (read it, don't write it)."""
+        key = (idx.start, idx.stop, engine) if since is None and isinstance(idx, slice) else None
+        out = self._elapsed.get(key) if key is not None else None
+        if out is None:
+            now = self.now - self.engine_shift if engine else self.now
+            out = np.maximum(now - (self.entered if since is None else since)[idx], 0.0)
+            if key is not None:
+                self._elapsed[key] = out
+        return out
 
     def running(self, states: tuple[TrajState, ...], since: str) -> tuple["_Ids", np.ndarray]:
         """(ids, elapsed) of the members of ``states`` whose phase started at column ``since`` (-1: not in it),
@@ -107,11 +127,17 @@ class Snapshot:
 class _SortedColumn:
     """A column in state order, gathered per slice on demand (a term touches only its states' rows)."""
 
-    def __init__(self, values: np.ndarray, order: np.ndarray) -> None:
+    def __init__(self, values: np.ndarray, order: np.ndarray, live_start: int | None = None) -> None:
         self._values, self._order = values, order
         self._cache: dict[tuple[int, int], np.ndarray] = {}
+        self._live_start = live_start  # not None: gather all live slots (from this position) at the first read
+        self._whole: np.ndarray | None = None
 
     def __getitem__(self, sl: slice) -> np.ndarray:
+        if self._live_start is not None:
+            if self._whole is None:
+                self._whole = self._values[self._order[self._live_start:]]
+            return self._whole[sl.start - self._live_start:sl.stop - self._live_start]
         key = (sl.start, sl.stop)
         out = self._cache.get(key)
         if out is None:

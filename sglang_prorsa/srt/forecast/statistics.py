@@ -27,6 +27,9 @@ PROMPT_EMA_ALPHA = 0.1
 GROWTH_WINDOW = 1024  # prompt growths per class averaged (a mean over many turns, not a jumpy EMA)
 CONTINUE_SHRINK = 8.0  # pseudo-observations pulling a fine class's tool probability toward its parent's
 _MODE_NAMES = {0: SandboxMode.PREWARM.value, 1: SandboxMode.COLD.value}
+# module constants: ``TrajState.TOOL`` is a slow class-attribute look-up on the event path (Python 3.11)
+_TOOL, _TOOL_DONE, _INTERRUPTED = TrajState.TOOL, TrajState.TOOL_DONE, TrajState.INTERRUPTED
+_SANDBOX_STARTING, _SANDBOX_READY = TrajState.SANDBOX_STARTING, TrajState.SANDBOX_READY
 
 
 def turn_bucket(turn: int) -> int:
@@ -126,12 +129,20 @@ class LifecycleStatistics(TrackerObserver):
         cols, s = self.tracker.columns, traj.slot
         return {"task": cols.task[s], "tool": max(cols.tool[s], 0), "mode": 1 if cols.mode[s] == 1 else 0}
 
+    def id_tuple(self, traj: Trajectory) -> tuple[int, int, int]:
+        """``ids`` as a (task, tool, mode) tuple (``DurationStore.record_ids``)."""
+        if self.tracker is None or traj.slot < 0:
+            return (0, 0, 0)
+        cols, s = self.tracker.columns, traj.slot
+        tool = cols.tool[s]
+        return (cols.task[s], tool if tool > 0 else 0, 1 if cols.mode[s] == 1 else 0)
+
     def task_id(self, traj: Trajectory) -> int:
         return self.tracker.columns.task[traj.slot] if self.tracker is not None and traj.slot >= 0 else 0
 
     # ----- tracker callbacks -----
     def on_phase(self, phase: Phase, traj: Trajectory, duration: float, completed: bool, ts: float) -> None:
-        self.stores[phase].record(self.ids(traj), duration, completed, ts)
+        self.stores[phase].record_ids(self.id_tuple(traj), duration, completed, ts)
 
     def on_turn_decided(self, traj: Trajectory, calls_tool: bool) -> None:
         task = self.task_id(traj)
@@ -150,22 +161,30 @@ class LifecycleStatistics(TrackerObserver):
     def on_prefill_arrival(self, traj: Trajectory, ts: float, prompt_tokens: int, previous_tokens: int | None) -> None:
         task = self.task_id(traj)
         state = traj.state  # still the state the request leaves
-        if state in (TrajState.TOOL, TrajState.TOOL_DONE):
-            self.tool_end_reported[0] += state is TrajState.TOOL_DONE
+        if state is _TOOL or state is _TOOL_DONE:
+            self.tool_end_reported[0] += state is _TOOL_DONE
             self.tool_end_reported[1] += 1
-        elif state in (TrajState.SANDBOX_STARTING, TrajState.SANDBOX_READY):
-            self.sandbox_ready_reported[0] += state is TrajState.SANDBOX_READY
+        elif state is _SANDBOX_STARTING or state is _SANDBOX_READY:
+            self.sandbox_ready_reported[0] += state is _SANDBOX_READY
             self.sandbox_ready_reported[1] += 1
         if previous_tokens is None:
+            first = self._first_prompt
             for key in (task, None):
-                self._first_prompt.setdefault(key, _Ema()).update(prompt_tokens)
-        elif traj.state is not TrajState.INTERRUPTED:  # a resent request is the same turn, not growth
+                ema = first.get(key)
+                if ema is None:
+                    ema = first[key] = _Ema()
+                ema.update(prompt_tokens)
+        elif state is not _INTERRUPTED:  # a resent request is the same turn, not growth
             grown = float(max(0, prompt_tokens - previous_tokens))
             keys = [(task,), ()]
-            if traj.state in (TrajState.TOOL, TrajState.TOOL_DONE):  # the tool's result is part of the growth
+            if state is _TOOL or state is _TOOL_DONE:  # the tool's result is part of the growth
                 keys.append((task, self.ids(traj)["tool"]))
+            growth = self._growth
             for key in keys:
-                self._growth.setdefault(key, _WindowMean(GROWTH_WINDOW)).add(grown)
+                mean = growth.get(key)
+                if mean is None:
+                    mean = growth[key] = _WindowMean(GROWTH_WINDOW)
+                mean.add(grown)
 
     def on_launch_finished(self, duration: float) -> None:
         self.launch_delay.observe(duration)

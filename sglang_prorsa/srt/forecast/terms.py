@@ -39,7 +39,8 @@ from sglang_prorsa.srt.forecast.stores import DurationStore, Key
 from sglang_prorsa.srt.lifecycle.states import TrajState
 from sglang_prorsa.srt.lifecycle.tracker import Phase, TrajectoryTracker
 
-_TURN_LUT = np.array([turn_bucket(t) for t in range(128)], np.int64)
+_TURNS = 128  # turns told apart by the tool-call table; bucket of 127 = bucket of any later turn
+_TURN_LUT = np.array([turn_bucket(t) for t in range(_TURNS)], np.int64)
 
 
 def _task_of(store: DurationStore, key: Key) -> int | None:
@@ -68,6 +69,7 @@ class ArrivalTerms:
         self.snap, self.S, self.h, self.dt = snap, horizon_s, admit_s, dt
         self.x_new, self.g, self.kv = x_new, g, kv
         self.samples.reset()
+        self._fits = {}
         self._growth = np.array([self.stats.growth(t) for t in range(snap.radix["task"])])
         self._growth_by_tool = None
         self._calls_lut = None
@@ -114,8 +116,15 @@ class ArrivalTerms:
             growth = self._tool_growth()[s.task[idx], np.maximum(s.tool[idx], 0)]
         else:
             growth = self._growth[s.task[idx]]
-        grown = s.prompt[idx] + growth
-        return np.where(hint >= 0, hint, np.where(s.prompt[idx] >= 0, grown, self.x_new[s.task[idx]]))
+        prompt = s.prompt[idx]
+        out = prompt + growth
+        unknown = prompt < 0  # no request seen yet: a new sample's first prompt
+        if unknown.any():
+            out[unknown] = self.x_new[s.task[idx][unknown]]
+        hinted = hint >= 0
+        if hinted.any():
+            out[hinted] = hint[hinted]
+        return out
 
     def _tool_x(self, idx: np.ndarray) -> np.ndarray:
         return self._next_x(idx, by_tool=True)
@@ -133,14 +142,42 @@ class ArrivalTerms:
     def _add(self, sums: SourceSums, q_s: np.ndarray, q_h: np.ndarray, x: np.ndarray) -> None:
         sums.add(q_s, q_h, x)
 
+    def fitted(self, store: DurationStore, sl: slice):
+        """``store`` fitted on the items of slice ``sl`` of this refresh's snapshot, each censored at its elapsed time
+        in its state; computed once per refresh (the reward and post-tool fits serve two terms each)."""
+        key = (store.name, sl.start, sl.stop)
+        fitted = self._fits.get(key)
+        if fitted is None:
+            snap = self.snap
+            fitted = self._fits[key] = store.fit(snap.ids(sl), snap.radix, snap.elapsed(sl), self.dt, snap.now)
+        return fitted
+
     # ----- single phase (B.3 Eq. 6 form) -----
     def _simple(self, sums: SourceSums, state: TrajState, store: DurationStore, x_of, also=None, then=None) -> None:
         idx = self.snap.members(state)
         if not Snapshot.count(idx):
             return
-        q_s, q_h = store.evaluate(self.snap.ids(idx), self.snap.radix, self.snap.elapsed(idx), self.dt, (self.S, self.h),
-                                  then=then, now=self.snap.now, also=also)
-        self._add(sums, q_s, q_h, x_of(idx))
+        if also is None or not also[1].size:
+            fitted, res = self.fitted(store, idx), None
+        else:  # the items of the later states are censored observations only: fitted with them, not evaluated
+            ids = self.snap.ids(idx)
+            ids = {c: np.concatenate((ids[c], also[0][c])) for c in store.levels[0]}
+            elapsed = np.concatenate((self.snap.elapsed(idx), also[1]))
+            fitted = store.fit(ids, self.snap.radix, elapsed, self.dt, self.snap.now)
+            res = fitted.res[: Snapshot.count(idx)]
+        self._expect(sums, fitted, res, self.snap.elapsed(idx), then, x_of(idx))
+
+    def _expect(self, sums: SourceSums, fitted, res, elapsed: np.ndarray, then, x: np.ndarray,
+                scale: np.ndarray | float | None = None) -> None:
+        """Add sum_i s_i q_i x_i and sum_i s_i q_i over S and h* (s: ``scale``, per item or one number)."""
+        res = fitted.res if res is None else res
+        if isinstance(scale, np.ndarray):
+            tokens, requests = fitted.expected(res, elapsed, (self.S, self.h), then, (scale * x, scale))
+        else:
+            tokens, requests = fitted.expected(res, elapsed, (self.S, self.h), then, (x, None))
+            if scale is not None:
+                tokens, requests = [scale * v for v in tokens], [scale * v for v in requests]
+        sums.add_expected(tokens, requests)
 
     def _rest_cdf(self, store: DurationStore, states: tuple[TrajState, ...], since: np.ndarray | None,
                   first: DurationStore):
@@ -148,7 +185,10 @@ class ArrivalTerms:
         ``first``'s class ``key``, fitted with the trajectories of ``states`` (its running members) censored."""
         snap = self.snap
         idx = snap.span(*states)
-        fitted = store.fit(snap.ids(idx), snap.radix, snap.elapsed(idx, since=since), self.dt, snap.now)
+        if since is None:
+            fitted = self.fitted(store, idx)
+        else:
+            fitted = store.fit(snap.ids(idx), snap.radix, snap.elapsed(idx, since=since), self.dt, snap.now)
         bins = int(round(self.S / self.dt)) + 2
         cache: dict[Key, np.ndarray] = {}
 
@@ -169,12 +209,14 @@ class ArrivalTerms:
 
     def _calls_tool(self, idx: np.ndarray) -> np.ndarray:
         s = self.snap
-        if self._calls_lut is None:  # (task, turn class) -> P(calls a tool), flattened
+        if self._calls_lut is None:  # (task, turn 0..127) -> P(calls a tool), flattened; later turns share 127's
             radix = s.radix["task"]
-            self._calls_lut = np.array([self.stats.calls_tool_in_bucket(t, b) for t in range(radix)
-                                        for b in range(TURN_BUCKETS)])
-        buckets = _TURN_LUT[np.minimum(s.turn[idx], 127)]
-        return self._calls_lut[s.task[idx] * TURN_BUCKETS + buckets]
+            by_bucket = np.array([[self.stats.calls_tool_in_bucket(t, b) for b in range(TURN_BUCKETS)]
+                                  for t in range(radix)])
+            self._calls_lut = by_bucket[:, _TURN_LUT].ravel()
+        turn = np.minimum(s.turn[idx], _TURNS - 1)
+        turn += s.task[idx] * _TURNS
+        return self._calls_lut[turn]
 
     def _decode_return(self, sums: SourceSums, second_idx, second_delay) -> None:
         st, snap = self.stats.stores, self.snap
@@ -197,15 +239,14 @@ class ArrivalTerms:
             second_idx = None
         idx = self.snap.members(TrajState.DECODE) if second_idx is not None else slice(0, 0)
         if Snapshot.count(idx):
-            q_s, q_h = dec.evaluate(self.snap.ids(idx), self.snap.radix, self.snap.elapsed(idx, engine=True),
-                                    self.dt, (self.S, self.h), then, now=self.snap.now - self.snap.engine_shift)
-            c = self._calls_tool(idx)
-            self._add(sums, c * q_s, c * q_h, self._next_x(idx))
+            elapsed = self.snap.elapsed(idx, engine=True)
+            fitted = dec.fit(self.snap.ids(idx), self.snap.radix, elapsed, self.dt,
+                             self.snap.now - self.snap.engine_shift)
+            self._expect(sums, fitted, None, elapsed, then, self._next_x(idx), self._calls_tool(idx))
         if Snapshot.count(decoded):  # running() lists the decoded first (all of them: they have decoded >= 0)
             n = Snapshot.count(decoded)
-            q_s, q_h = ret_fit.probabilities(ret_fit.res[:n], snap.elapsed(decoded), (self.S, self.h), None)
-            c = self._calls_tool(decoded)
-            self._add(sums, c * q_s, c * q_h, self._next_x(decoded))
+            self._expect(sums, ret_fit, ret_fit.res[:n], snap.elapsed(decoded), None, self._next_x(decoded),
+                         self._calls_tool(decoded))
         if second_idx is not None and Snapshot.count(second_idx):  # queued / prefilling: prefill, decode, tool, back
             cdf = sum_cdf([dec.curve((len(dec.levels) - 1,), self.dt), ret_fit.curve((len(ret.levels) - 1,))], bins)
             q_s = self._cdf_before(cdf, self.S - second_delay)

@@ -29,6 +29,7 @@ from sglang_prorsa.srt.lifecycle.tracker import Outcome, TrajectoryTracker
 from sglang_prorsa.srt.utils.clock import Clock, WallClock
 
 logger = logging.getLogger(__name__)
+_APPLIED, _DUPLICATE = Outcome.APPLIED, Outcome.DUPLICATE  # module constants: enum attribute look-ups are slow
 REFRESH_INTERVAL_S = 0.25  # refresh lag bound: windows close within this of their scheduled end
 
 
@@ -91,9 +92,9 @@ class LifecycleControlPlane:
             apply = self.tracker.apply
             for index, event in enumerate(events):
                 outcome = apply(event, now)  # events without ts take the clock's time on receipt
-                if outcome is Outcome.APPLIED:
+                if outcome is _APPLIED:
                     applied += 1
-                elif outcome is Outcome.DUPLICATE:
+                elif outcome is _DUPLICATE:
                     duplicates += 1
                 elif len(rejections) < 100:
                     state = self.tracker.recent_rejections[-1].state

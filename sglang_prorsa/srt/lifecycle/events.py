@@ -284,6 +284,77 @@ def parse_event(obj: Any, index: int = 0) -> LifecycleEvent:
     return event
 
 
+_INT_FIELDS = frozenset({"turn", "prompt_tokens", "output_tokens"})
+_NAME_FIELDS = frozenset({"group_id", "task", "tool"})
+_FAST_FIELDS = frozenset({"trajectory_id", "event", "ts", "group_id", "task", "turn", "prompt_tokens", "mode", "tool",
+                          "accepted", "instance", "output_tokens"})
+_INF = math.inf
+_K_REQUEST_ARRIVED, _K_SANDBOX_START, _K_PREFILL_START = (EventKind.REQUEST_ARRIVED, EventKind.SANDBOX_START,
+                                                          EventKind.PREFILL_START)
+
+
+def _parse_plain(obj: Any) -> LifecycleEvent | None:
+    """The event of a well-formed trajectory event in its usual form (ids as strings, lengths as ints), or None for
+    anything else: then ``parse_event`` decides, with its error naming the index and the field. Only accepts what
+    ``parse_event`` accepts, and builds the same event (it is the batch path's shortcut: ~2x faster)."""
+    if type(obj) is not dict or not obj.keys() <= _FAST_FIELDS:
+        return None
+    raw = obj.get("event")
+    kind = _KIND_BY_NAME.get(raw) if type(raw) is str else None
+    if kind is None or kind in GLOBAL_EVENT_KINDS:
+        return None
+    trajectory_id = obj.get("trajectory_id")
+    if type(trajectory_id) is not str or not trajectory_id or len(trajectory_id) > MAX_ID_CHARS:
+        return None
+    ts = group_id = task = turn = prompt_tokens = mode = tool = accepted = instance = output_tokens = None
+    for name, value in obj.items():
+        if value is None or name == "trajectory_id" or name == "event":
+            continue
+        kind_of = type(value)
+        if name == "ts":
+            if (kind_of is not float and kind_of is not int) or not 0 <= value < _INF:  # NaN fails too
+                return None
+            ts = float(value)
+        elif name in _INT_FIELDS:
+            if kind_of is not int or value < 0:
+                return None
+            if name == "prompt_tokens":
+                prompt_tokens = value
+            elif name == "turn":
+                turn = value
+            else:
+                output_tokens = value
+        elif name in _NAME_FIELDS:
+            if kind_of is not str or not value or len(value) > MAX_ID_CHARS:
+                return None
+            if name == "task":
+                task = value
+            elif name == "group_id":
+                group_id = value
+            else:
+                tool = value
+        elif name == "instance":
+            if kind_of is int and value >= 0:
+                instance = str(value)
+            elif kind_of is not str or not value or len(value) > MAX_ID_CHARS:
+                return None
+            else:
+                instance = value
+        elif name == "mode":
+            mode = _SANDBOX_MODES.get(value) if kind_of is str else None
+            if mode is None:
+                return None
+        elif kind_of is bool:  # accepted
+            accepted = value
+        else:
+            return None
+    if ((kind is _K_REQUEST_ARRIVED and prompt_tokens is None) or (kind is _K_SANDBOX_START and mode is None)
+            or (kind is _K_PREFILL_START and instance is None)):
+        return None  # a required field is missing: parse_event says which
+    return LifecycleEvent(trajectory_id, kind, ts, group_id, task, turn, prompt_tokens, mode, tool, accepted, instance,
+                          output_tokens)
+
+
 def parse_payload(payload: Any, max_events: int = MAX_BATCH_EVENTS) -> list[LifecycleEvent]:
     """``{...event...}`` or ``{"events": [...]}`` -> events. All-or-none: any bad event rejects the whole batch."""
     if not isinstance(payload, dict):
@@ -300,4 +371,5 @@ def parse_payload(payload: Any, max_events: int = MAX_BATCH_EVENTS) -> list[Life
         raise EventValidationError(
             f"batch of {len(events)} events exceeds the limit of {max_events}", field="events", status=413
         )
-    return [parse_event(obj, i) for i, obj in enumerate(events)]
+    plain = _parse_plain
+    return [plain(obj) or parse_event(obj, i) for i, obj in enumerate(events)]

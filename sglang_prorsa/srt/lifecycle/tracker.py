@@ -32,14 +32,67 @@ from sglang_prorsa.srt.lifecycle.states import (
     DEFAULT_TASK, ENGINE_STATES, STATE_CODES, TRANSITIONS, Trajectory, TrajState, load_bucket,
 )
 
+# Enum members as module constants: reading ``TrajState.DECODE`` is a class-attribute look-up (~0.3 us on
+# Python 3.11) and ``x in (A, B)`` compares by value when x is not A: the event path uses these instead.
+_DECODE = TrajState.DECODE
+_DECODED = TrajState.DECODED
+_INTERRUPTED = TrajState.INTERRUPTED
+_K_ABORTED = EventKind.ABORTED
+_K_DECODE_END = EventKind.DECODE_END
+_K_GENERATION_CONTINUED = EventKind.GENERATION_CONTINUED
+_K_GENERATION_PAUSED = EventKind.GENERATION_PAUSED
+_K_PREFILL_END = EventKind.PREFILL_END
+_K_PREFILL_START = EventKind.PREFILL_START
+_K_REQUESTS_ABORTED = EventKind.REQUESTS_ABORTED
+_K_REQUEST_ARRIVED = EventKind.REQUEST_ARRIVED
+_K_REWARD_END = EventKind.REWARD_END
+_K_REWARD_START = EventKind.REWARD_START
+_K_SAMPLED = EventKind.SAMPLED
+_K_SANDBOX_READY = EventKind.SANDBOX_READY
+_K_SANDBOX_START = EventKind.SANDBOX_START
+_K_TOOL_END = EventKind.TOOL_END
+_K_TOOL_START = EventKind.TOOL_START
+_K_WEIGHTS_UPDATED = EventKind.WEIGHTS_UPDATED
+_M_COLD = SandboxMode.COLD
+_M_PREWARM = SandboxMode.PREWARM
+_O_AFTER_FINISH = Outcome.AFTER_FINISH
+_O_APPLIED = Outcome.APPLIED
+_O_DUPLICATE = Outcome.DUPLICATE
+_O_INVALID_TRANSITION = Outcome.INVALID_TRANSITION
+_O_UNKNOWN_TRAJECTORY = Outcome.UNKNOWN_TRAJECTORY
+_PM_ABORT = PauseMode.ABORT
+_PREFILL = TrajState.PREFILL
+_P_DECODE = Phase.DECODE
+_P_DECODE_RETURN = Phase.DECODE_RETURN
+_P_LAUNCH = Phase.LAUNCH
+_P_POST_TOOL = Phase.POST_TOOL
+_P_READY_WAIT = Phase.READY_WAIT
+_P_RESEND = Phase.RESEND
+_P_REWARD = Phase.REWARD
+_P_SANDBOX = Phase.SANDBOX
+_P_STARTUP = Phase.STARTUP
+_P_TOOL = Phase.TOOL
+_P_TOOL_RETURN = Phase.TOOL_RETURN
+_READY = TrajState.READY
+_REWARD = TrajState.REWARD
+_SAMPLED = TrajState.SAMPLED
+_SANDBOX_READY = TrajState.SANDBOX_READY
+_SANDBOX_STARTING = TrajState.SANDBOX_STARTING
+_TOOL = TrajState.TOOL
+_TOOL_DONE = TrajState.TOOL_DONE
+_SANDBOX_STATES = frozenset({_SANDBOX_READY, _SANDBOX_STARTING})
+_AFTER_RESPONSE_STATES = frozenset({_DECODED, _TOOL, _TOOL_DONE})
+_TOOL_STATES = frozenset({_TOOL, _TOOL_DONE})
+_QUEUED_STATES = frozenset({_PREFILL, _READY})
+_RESPONSE_STATES = frozenset({_DECODE, _DECODED, _PREFILL, _READY})
 FINISHED_IDS_REMEMBERED = 65_536
 REJECTIONS_REPORTED = 64
 MAX_TASKS = 256  # distinct task names kept apart; more share one class (memory bound against odd trainers)
 MAX_TOOLS = 1024
 MAX_INSTANCES = 4096
-_MODE_CODES = {None: -1, SandboxMode.PREWARM: 0, SandboxMode.COLD: 1}
-_IMPLIED_BY_REQUEST = frozenset({EventKind.TOOL_END, EventKind.SANDBOX_READY})
-_TERMINAL = frozenset({EventKind.REWARD_END, EventKind.ABORTED})  # never "late": they end the trajectory
+_MODE_CODES = {None: -1, _M_PREWARM: 0, _M_COLD: 1}
+_IMPLIED_BY_REQUEST = frozenset({_K_TOOL_END, _K_SANDBOX_READY})
+_TERMINAL = frozenset({_K_REWARD_END, _K_ABORTED})  # never "late": they end the trajectory
 
 
 
@@ -126,9 +179,9 @@ class TrajectoryTracker:
     @property
     def rejected_count(self) -> int:
         return (
-            self.counts[Outcome.INVALID_TRANSITION]
-            + self.counts[Outcome.UNKNOWN_TRAJECTORY]
-            + self.counts[Outcome.AFTER_FINISH]
+            self.counts[_O_INVALID_TRANSITION]
+            + self.counts[_O_UNKNOWN_TRAJECTORY]
+            + self.counts[_O_AFTER_FINISH]
         )
 
     def state_counts(self) -> dict[str, int]:
@@ -153,38 +206,40 @@ class TrajectoryTracker:
         traj = self._live.get(event.trajectory_id)
         if traj is None:
             if event.trajectory_id in self._finished:
-                terminal = event.kind in (EventKind.REWARD_END, EventKind.ABORTED)
-                return self._count(event, None, Outcome.DUPLICATE if terminal else Outcome.AFTER_FINISH)
+                terminal = event.kind in _TERMINAL
+                return self._count(event, None, _O_DUPLICATE if terminal else _O_AFTER_FINISH)
             if None not in sources:
-                return self._count(event, None, Outcome.UNKNOWN_TRAJECTORY)
+                return self._count(event, None, _O_UNKNOWN_TRAJECTORY)
             traj = self._create(event, ts, target)
             self._enter(traj, target, event, ts, previous=None)
             traj.stamped = event.ts is not None
-            return self._count(event, None, Outcome.APPLIED)
+            self.counts[_O_APPLIED] += 1
+            return _O_APPLIED
         if traj.state is target and traj.last_kind is event.kind:
-            return self._count(event, traj.state, Outcome.DUPLICATE)
+            return self._count(event, traj.state, _O_DUPLICATE)
         if event.ts is not None and traj.stamped and event.ts < traj.entered_at and event.kind not in _TERMINAL:
             # Both senders stamped the time things happened, and this one happened before the trajectory entered its
             # current state: a late report of the past (the engine's events for a response the trainer has already
             # acted on, or a trainer hint overtaken by the engine). Applying it would move the trajectory backwards.
-            return self._count(event, traj.state, Outcome.DUPLICATE)
+            return self._count(event, traj.state, _O_DUPLICATE)
         if event.kind in _IMPLIED_BY_REQUEST and traj.state in ENGINE_STATES:
             # The engine's request_arrived already implied this hint (the trainer's and the engine's channels race):
             # a late copy of something that happened, not a protocol error.
-            return self._count(event, traj.state, Outcome.DUPLICATE)
+            return self._count(event, traj.state, _O_DUPLICATE)
         if traj.state not in sources:
-            return self._count(event, traj.state, Outcome.INVALID_TRANSITION)
+            return self._count(event, traj.state, _O_INVALID_TRANSITION)
         previous = traj.state
         if target is None:
             self._finish(traj, event, ts)
         else:
             self._enter(traj, target, event, ts, previous)
             traj.stamped = event.ts is not None
-        return self._count(event, previous, Outcome.APPLIED)
+        self.counts[_O_APPLIED] += 1
+        return _O_APPLIED
 
     def _count(self, event: LifecycleEvent, state: TrajState | None, outcome: Outcome) -> Outcome:
         self.counts[outcome] += 1
-        if outcome is not Outcome.APPLIED and outcome is not Outcome.DUPLICATE:
+        if outcome is not _O_APPLIED and outcome is not _O_DUPLICATE:
             self.recent_rejections.append(
                 Rejection(event.trajectory_id, event.kind.value, state.value if state else None, outcome.value)
             )
@@ -198,7 +253,7 @@ class TrajectoryTracker:
             self._by_slot.extend([None] * (self.columns.capacity - len(self._by_slot)))
         self._by_slot[slot] = traj
         self.columns.task[slot] = self.tasks(traj.task)
-        if event.kind is EventKind.SAMPLED:
+        if event.kind is _K_SAMPLED:
             traj.launched_at = ts
             self.columns.launched[slot] = ts
         self._live[traj.trajectory_id] = traj
@@ -210,7 +265,7 @@ class TrajectoryTracker:
                 gid = self._new_group(event.group_id)
             self.group_live[gid] += 1
             self.columns.group[slot] = gid
-            if target is TrajState.REWARD:
+            if target is _REWARD:
                 self.group_reward[gid] += 1
         for cb in self._cb["on_created"]:
             cb(traj, ts)
@@ -230,9 +285,9 @@ class TrajectoryTracker:
         if traj.state is not target:
             self._state_count[traj.state] -= 1
             self._state_count[target] += 1
-            if traj.group_id is not None and (traj.state is TrajState.REWARD or target is TrajState.REWARD):
+            if traj.group_id is not None and (traj.state is _REWARD or target is _REWARD):
                 gid = self.columns.group[traj.slot]
-                self.group_reward[gid] += 1 if target is TrajState.REWARD else -1
+                self.group_reward[gid] += 1 if target is _REWARD else -1
         traj.state = target
         traj.entered_at = ts  # entering an engine state during a pause: the clock restarts at continue (_resume_clocks)
         slot, cols = traj.slot, self.columns
@@ -248,79 +303,80 @@ class TrajectoryTracker:
         if event.turn is not None:
             traj.turn = event.turn
             cols.turn[slot] = event.turn
-        if kind is EventKind.REQUEST_ARRIVED:
+        if kind is _K_REQUEST_ARRIVED:
             self._on_request_arrived(traj, event, ts, previous)
-        elif kind is EventKind.PREFILL_END:
+        elif kind is _K_PREFILL_END:
             for cb in self._cb["on_decode_admission"]:
                 cb(traj, ts, traj.prompt_tokens or 0)
-        elif kind is EventKind.DECODE_END:
+        elif kind is _K_DECODE_END:
             self._on_decode_end(traj, event, ts, previous)
-        elif kind is EventKind.TOOL_START:
+        elif kind is _K_TOOL_START:
             self._leave_decode(traj, ts, previous, calls_tool=True)
             traj.tool = event.tool
             cols.tool[slot] = self.tools(event.tool or "-")
             traj.tool_started_at = ts
             traj.tool_ended_at = None
             cols.tool_start[slot] = ts
-            traj.tool_load = load_bucket(self._state_count[TrajState.TOOL])
-        elif kind is EventKind.TOOL_END:
+            traj.tool_load = load_bucket(self._state_count[_TOOL])
+        elif kind is _K_TOOL_END:
             traj.tool_ended_at = ts
             self._notify_tool(traj, ts)
             if traj.tool_started_at is not None:
-                self._phase_done(Phase.TOOL, traj, ts - traj.tool_started_at)
-        elif kind is EventKind.REWARD_START:
+                self._phase_done(_P_TOOL, traj, ts - traj.tool_started_at)
+        elif kind is _K_REWARD_START:
             self._leave_decode(traj, ts, previous, calls_tool=False)
             self._censor_tool(traj, ts, previous)
-        elif kind is EventKind.SANDBOX_START:
+        elif kind is _K_SANDBOX_START:
             traj.mode = event.mode
             cols.mode[slot] = _MODE_CODES[event.mode]
             traj.sandbox_started_at = ts
             cols.sandbox[slot] = ts
-            traj.startup_load = load_bucket(self._state_count[TrajState.SANDBOX_STARTING])
-        elif kind is EventKind.SANDBOX_READY:
+            traj.startup_load = load_bucket(self._state_count[_SANDBOX_STARTING])
+        elif kind is _K_SANDBOX_READY:
             traj.sandbox_ready_at = ts
             if traj.sandbox_started_at is not None:
-                self._phase_done(Phase.SANDBOX, traj, ts - traj.sandbox_started_at)
-        elif kind is EventKind.PREFILL_START:
+                self._phase_done(_P_SANDBOX, traj, ts - traj.sandbox_started_at)
+        elif kind is _K_PREFILL_START:
             traj.instance = event.instance
             cols.instance[slot] = self.instances(event.instance)
         # Non-engine events may carry the trainer's estimate of the next request's prompt length (B.3, B.5: x_k, x_hat_i).
-        if event.prompt_tokens is not None and kind is not EventKind.REQUEST_ARRIVED:
+        if event.prompt_tokens is not None and kind is not _K_REQUEST_ARRIVED:
             traj.next_prompt_tokens = event.prompt_tokens
             cols.next_prompt[slot] = event.prompt_tokens
         traj.last_kind = kind
         self._move(traj, target, ts)
 
     def _on_request_arrived(self, traj: Trajectory, event: LifecycleEvent, ts: float, previous) -> None:
-        phase = self._phase_done
-        if previous in (TrajState.SANDBOX_STARTING, TrajState.SANDBOX_READY) and traj.sandbox_started_at is not None:
-            for cb in self._cb["on_startup_finished"]:
-                cb(traj.mode or SandboxMode.PREWARM, traj.startup_load, ts - traj.sandbox_started_at)
-            phase(Phase.STARTUP, traj, ts - traj.sandbox_started_at)
-            if traj.sandbox_ready_at is not None:
-                phase(Phase.READY_WAIT, traj, ts - traj.sandbox_ready_at)
-        if not traj.seen_request and traj.launched_at is not None:
-            phase(Phase.LAUNCH, traj, ts - traj.launched_at)
-            # d_hat (B.2) is the delay of a *prewarmed* launch; cold starts would bias it.
-            if traj.mode is not SandboxMode.COLD:
-                for cb in self._cb["on_launch_finished"]:
-                    cb(max(0.0, ts - traj.launched_at))
-        if previous is TrajState.TOOL:  # tool_end never came: the arrival ends the tool
-            self._notify_tool(traj, ts)
-        if previous in (TrajState.TOOL, TrajState.TOOL_DONE, TrajState.DECODED) and traj.decoded_at is not None:
-            if previous is TrajState.DECODED:  # the trainer skipped tool_start: the turn continued all the same
-                for cb in self._cb["on_turn_decided"]:
-                    cb(traj, True)
-            phase(Phase.DECODE_RETURN, traj, ts - traj.decoded_at)
-        if traj.tool_started_at is not None and previous in (TrajState.TOOL, TrajState.TOOL_DONE):
-            phase(Phase.TOOL_RETURN, traj, ts - traj.tool_started_at)
-            if traj.tool_ended_at is not None:
-                phase(Phase.POST_TOOL, traj, ts - traj.tool_ended_at)
-        resent = previous is TrajState.INTERRUPTED
-        if resent and traj.interrupted_at is not None:
-            phase(Phase.RESEND, traj, ts - traj.interrupted_at)
-        if event.turn is None and traj.seen_request and not resent:
-            traj.turn += 1
+        if previous is not None:  # a trajectory this request creates has no phase to close and no turn to count
+            phase = self._phase_done
+            if previous in _SANDBOX_STATES and traj.sandbox_started_at is not None:
+                for cb in self._cb["on_startup_finished"]:
+                    cb(traj.mode or _M_PREWARM, traj.startup_load, ts - traj.sandbox_started_at)
+                phase(_P_STARTUP, traj, ts - traj.sandbox_started_at)
+                if traj.sandbox_ready_at is not None:
+                    phase(_P_READY_WAIT, traj, ts - traj.sandbox_ready_at)
+            if not traj.seen_request and traj.launched_at is not None:
+                phase(_P_LAUNCH, traj, ts - traj.launched_at)
+                # d_hat (B.2) is the delay of a *prewarmed* launch; cold starts would bias it.
+                if traj.mode is not _M_COLD:
+                    for cb in self._cb["on_launch_finished"]:
+                        cb(max(0.0, ts - traj.launched_at))
+            if previous is _TOOL:  # tool_end never came: the arrival ends the tool
+                self._notify_tool(traj, ts)
+            if previous in _AFTER_RESPONSE_STATES and traj.decoded_at is not None:
+                if previous is _DECODED:  # the trainer skipped tool_start: the turn continued all the same
+                    for cb in self._cb["on_turn_decided"]:
+                        cb(traj, True)
+                phase(_P_DECODE_RETURN, traj, ts - traj.decoded_at)
+            if traj.tool_started_at is not None and previous in _TOOL_STATES:
+                phase(_P_TOOL_RETURN, traj, ts - traj.tool_started_at)
+                if traj.tool_ended_at is not None:
+                    phase(_P_POST_TOOL, traj, ts - traj.tool_ended_at)
+            resent = previous is _INTERRUPTED
+            if resent and traj.interrupted_at is not None:
+                phase(_P_RESEND, traj, ts - traj.interrupted_at)
+            if event.turn is None and traj.seen_request and not resent:
+                traj.turn += 1
         cols, slot = self.columns, traj.slot
         cols.turn[slot] = traj.turn
         prior = traj.prompt_tokens
@@ -337,9 +393,9 @@ class TrajectoryTracker:
             cb(traj, ts, int(event.prompt_tokens or 0), prior)
 
     def _on_decode_end(self, traj: Trajectory, event: LifecycleEvent, ts: float, previous) -> None:
-        if previous is TrajState.DECODE:
+        if previous is _DECODE:
             duration = max(0.0, ts - traj.entered_at)
-            self._phase_done(Phase.DECODE, traj, duration)
+            self._phase_done(_P_DECODE, traj, duration)
             for cb in self._cb["on_decode_finished"]:
                 cb(traj, ts, duration, event.output_tokens)
         traj.output_tokens = event.output_tokens
@@ -348,14 +404,14 @@ class TrajectoryTracker:
 
     def _leave_decode(self, traj: Trajectory, ts: float, previous, *, calls_tool: bool) -> None:
         """tool_start / reward_start after a response: the turn's outcome; from DECODE it also ends the decode."""
-        if previous is TrajState.DECODE:  # the trainer's hint raced the engine's decode_end
-            self._phase_done(Phase.DECODE, traj, max(0.0, ts - traj.entered_at))
+        if previous is _DECODE:  # the trainer's hint raced the engine's decode_end
+            self._phase_done(_P_DECODE, traj, max(0.0, ts - traj.entered_at))
             traj.decoded_at = ts
             self.columns.decoded[traj.slot] = ts
-        elif previous in (TrajState.READY, TrajState.PREFILL):  # the engine's whole report of the response is late
+        elif previous in _QUEUED_STATES:  # the engine's whole report of the response is late
             traj.decoded_at = ts
             self.columns.decoded[traj.slot] = ts
-        if previous in (TrajState.DECODE, TrajState.DECODED, TrajState.READY, TrajState.PREFILL):
+        if previous in _RESPONSE_STATES:
             for cb in self._cb["on_turn_decided"]:
                 cb(traj, calls_tool)
             if not calls_tool:
@@ -364,14 +420,14 @@ class TrajectoryTracker:
 
     def _censor_tool(self, traj: Trajectory, ts: float, previous) -> None:
         """Leaving a tool without a next request: the tool -> request delays are censored, not completed."""
-        if previous in (TrajState.TOOL, TrajState.TOOL_DONE) and traj.tool_started_at is not None:
-            self._phase_done(Phase.TOOL_RETURN, traj, ts - traj.tool_started_at, completed=False)
-            if previous is TrajState.TOOL:
-                self._phase_done(Phase.TOOL, traj, ts - traj.tool_started_at, completed=False)
+        if previous in _TOOL_STATES and traj.tool_started_at is not None:
+            self._phase_done(_P_TOOL_RETURN, traj, ts - traj.tool_started_at, completed=False)
+            if previous is _TOOL:
+                self._phase_done(_P_TOOL, traj, ts - traj.tool_started_at, completed=False)
             if traj.decoded_at is not None:
-                self._phase_done(Phase.DECODE_RETURN, traj, ts - traj.decoded_at, completed=False)
+                self._phase_done(_P_DECODE_RETURN, traj, ts - traj.decoded_at, completed=False)
             if traj.tool_ended_at is not None:
-                self._phase_done(Phase.POST_TOOL, traj, ts - traj.tool_ended_at, completed=False)
+                self._phase_done(_P_POST_TOOL, traj, ts - traj.tool_ended_at, completed=False)
             traj.decoded_at = traj.tool_started_at = traj.tool_ended_at = None
             self.columns.decoded[traj.slot] = self.columns.tool_start[traj.slot] = -1.0
 
@@ -387,34 +443,37 @@ class TrajectoryTracker:
 
     def _censor_open_phase(self, traj: Trajectory, ts: float) -> None:
         """A trajectory that stops (aborted / interrupted) mid-phase: that phase's duration is censored."""
-        state, e = traj.state, max(0.0, ts - traj.entered_at)
-        if state is TrajState.DECODE:
-            self._phase_done(Phase.DECODE, traj, e, completed=False)
-        elif state is TrajState.SAMPLED:
-            self._phase_done(Phase.LAUNCH, traj, e, completed=False)
-        elif state in (TrajState.SANDBOX_STARTING, TrajState.SANDBOX_READY) and traj.sandbox_started_at is not None:
-            self._phase_done(Phase.STARTUP, traj, ts - traj.sandbox_started_at, completed=False)
-            if state is TrajState.SANDBOX_STARTING:
-                self._phase_done(Phase.SANDBOX, traj, e, completed=False)
+        state = traj.state
+        if state is _READY or state is _PREFILL:  # no timed phase runs while a request waits for / is in prefill
+            return
+        e = max(0.0, ts - traj.entered_at)
+        if state is _DECODE:
+            self._phase_done(_P_DECODE, traj, e, completed=False)
+        elif state is _SAMPLED:
+            self._phase_done(_P_LAUNCH, traj, e, completed=False)
+        elif state in _SANDBOX_STATES and traj.sandbox_started_at is not None:
+            self._phase_done(_P_STARTUP, traj, ts - traj.sandbox_started_at, completed=False)
+            if state is _SANDBOX_STARTING:
+                self._phase_done(_P_SANDBOX, traj, e, completed=False)
             if traj.launched_at is not None:
-                self._phase_done(Phase.LAUNCH, traj, ts - traj.launched_at, completed=False)
-        elif state in (TrajState.TOOL, TrajState.TOOL_DONE):
+                self._phase_done(_P_LAUNCH, traj, ts - traj.launched_at, completed=False)
+        elif state in _TOOL_STATES:
             self._censor_tool(traj, ts, state)
-        elif state is TrajState.DECODED and traj.decoded_at is not None:
-            self._phase_done(Phase.DECODE_RETURN, traj, e, completed=False)
-        elif state is TrajState.INTERRUPTED:
-            self._phase_done(Phase.RESEND, traj, e, completed=False)
+        elif state is _DECODED and traj.decoded_at is not None:
+            self._phase_done(_P_DECODE_RETURN, traj, e, completed=False)
+        elif state is _INTERRUPTED:
+            self._phase_done(_P_RESEND, traj, e, completed=False)
 
     def _finish(self, traj: Trajectory, event: LifecycleEvent, ts: float) -> None:
-        if traj.state is TrajState.REWARD:
+        if traj.state is _REWARD:
             duration = max(0.0, ts - traj.entered_at)
-            if event.kind is EventKind.REWARD_END:
+            if event.kind is _K_REWARD_END:
                 for cb in self._cb["on_reward_finished"]:
                     cb(traj.task, duration, event.accepted)
             else:  # an abort during reward is a censored reward duration, not a completed one
                 for cb in self._cb["on_reward_aborted"]:
                     cb(traj.task, duration)
-            self._phase_done(Phase.REWARD, traj, duration, completed=event.kind is EventKind.REWARD_END)
+            self._phase_done(_P_REWARD, traj, duration, completed=event.kind is _K_REWARD_END)
         else:
             self._censor_open_phase(traj, ts)
         del self._live[traj.trajectory_id]
@@ -422,7 +481,7 @@ class TrajectoryTracker:
         slot = traj.slot
         if traj.group_id is not None:
             gid = self.columns.group[slot]
-            if traj.state is TrajState.REWARD:
+            if traj.state is _REWARD:
                 self.group_reward[gid] -= 1
             self.group_live[gid] -= 1
             if self.group_live[gid] <= 0:
@@ -444,38 +503,38 @@ class TrajectoryTracker:
     # ----- engine-wide events (issue 13) -----
     def _apply_global(self, event: LifecycleEvent, ts: float) -> Outcome:
         kind = event.kind
-        if kind is EventKind.GENERATION_PAUSED:
+        if kind is _K_GENERATION_PAUSED:
             if self.paused_since is not None:
-                return Outcome.DUPLICATE
-            self.paused_since, self.pause_mode = ts, event.pause_mode or PauseMode.ABORT
-            if self.pause_mode is PauseMode.ABORT:  # SGLang drops the in-flight requests
+                return _O_DUPLICATE
+            self.paused_since, self.pause_mode = ts, event.pause_mode or _PM_ABORT
+            if self.pause_mode is _PM_ABORT:  # SGLang drops the in-flight requests
                 self._interrupt(self._engine_slots(), ts)
             for cb in self._cb["on_paused"]:
                 cb(ts, self.pause_mode)
-            return Outcome.APPLIED
-        if kind is EventKind.GENERATION_CONTINUED:
+            return _O_APPLIED
+        if kind is _K_GENERATION_CONTINUED:
             if self.paused_since is None:
-                return Outcome.DUPLICATE
+                return _O_DUPLICATE
             start, self.paused_since, self.pause_mode = self.paused_since, None, None
             self._resume_clocks(start, ts)
             for cb in self._cb["on_continued"]:
                 cb(ts, max(0.0, ts - start))
-            return Outcome.APPLIED
-        if kind is EventKind.REQUESTS_ABORTED:
+            return _O_APPLIED
+        if kind is _K_REQUESTS_ABORTED:
             if event.trajectory_ids is None:
                 slots = self._engine_slots()
             else:
                 trajs = (self._live.get(tid) for tid in event.trajectory_ids)
                 slots = [t.slot for t in trajs if t is not None and t.state in ENGINE_STATES]
             self._interrupt(slots, ts)
-            return Outcome.APPLIED
-        if kind is EventKind.WEIGHTS_UPDATED:
+            return _O_APPLIED
+        if kind is _K_WEIGHTS_UPDATED:
             if event.weight_version is not None and event.weight_version == self.weight_version:
-                return Outcome.DUPLICATE
+                return _O_DUPLICATE
             self.weight_version, self.weights_updated_at = event.weight_version, ts
             for cb in self._cb["on_weights_updated"]:
                 cb(ts, event.weight_version)
-            return Outcome.APPLIED
+            return _O_APPLIED
         raise AssertionError(f"unhandled event kind {kind}")  # pragma: no cover - every kind is listed
 
     def _engine_slots(self) -> list[int]:
@@ -489,11 +548,11 @@ class TrajectoryTracker:
             traj = self._by_slot[slot]
             if traj is None or traj.state not in ENGINE_STATES:
                 continue
-            if traj.state is TrajState.DECODE:
-                self._phase_done(Phase.DECODE, traj, max(0.0, ts - traj.entered_at), completed=False)
+            if traj.state is _DECODE:
+                self._phase_done(_P_DECODE, traj, max(0.0, ts - traj.entered_at), completed=False)
             traj.interrupted_at = ts
-            traj.last_kind = EventKind.REQUESTS_ABORTED
-            self._move(traj, TrajState.INTERRUPTED, ts)
+            traj.last_kind = _K_REQUESTS_ABORTED
+            self._move(traj, _INTERRUPTED, ts)
 
     def _resume_clocks(self, paused_at: float, ts: float) -> None:
         """After a pause, engine-side states resume where they stopped: their entry times move by the pause."""
