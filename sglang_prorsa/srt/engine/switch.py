@@ -28,6 +28,10 @@ logger = logging.getLogger(__name__)
 
 QUIET_POLL_S = 0.02
 SWEEP_EVERY_S = 0.5  # a straggler that reached the scheduler after the last sweep is taken off within this
+# Requests the front or a router dispatched before the instance left the pools may still be on the wire: quiet must
+# hold this long before the rebuild, so they arrive while the sweep can still take them (a decode half arriving
+# during the rebuild would cost its prefill half's work).
+ARRIVAL_GRACE_S = 0.3
 
 
 class SwitchFailed(RuntimeError):
@@ -76,7 +80,10 @@ class SwitchJob:
             deadline = time.perf_counter() + SWEEP_EVERY_S
             while time.perf_counter() < deadline:
                 if await self._quiet():
-                    return persist_s
+                    await asyncio.sleep(ARRIVAL_GRACE_S)
+                    if await self._quiet():
+                        return persist_s
+                    break  # something arrived meanwhile: sweep again
                 await asyncio.sleep(QUIET_POLL_S)
             if time.perf_counter() - t0 > self.timeout_s:
                 raise SwitchFailed(f"instance did not quiesce within {self.timeout_s} s", status=503)

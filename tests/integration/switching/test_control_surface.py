@@ -66,14 +66,42 @@ def test_weight_update_through_the_front_during_a_rollout(deployment, checkpoint
         time.sleep(2.0)
         r = update(front.url, new, "step-1")
         results = [f.result() for f in rollout]
-    assert r.status_code == 200 and r.json()["success"] is True, r.text
+    updated_or_unflushed(r)
     assert set(r.json()["instances"]) == {i["instance"] for i in instances(front.url)}
     answered(results)  # nothing lost: SGLang holds or finishes them around the update
     assert {v for _, v in versions(front)} == {"step-1"}
+    flush(front)
     got = [generate(front.url, p, MAX_NEW)[1]["output_ids"] for p in PROMPTS]
     assert got == hf_greedy(new, PROMPTS, MAX_NEW)
     assert update(front.url, base, "step-0").status_code == 200
     assert [generate(front.url, p, MAX_NEW)[1]["output_ids"] for p in PROMPTS] == hf_greedy(base, PROMPTS, MAX_NEW)
+
+
+@pytest.fixture(autouse=True)
+def base_weights_after(deployment, checkpoints):
+    """A test that failed half-way must not leave the next one paused or on the other checkpoint."""
+    yield
+    front, (base, _) = deployment, checkpoints
+    requests.post(front.url + "/continue_generation", json={}, timeout=120)
+    if {v for _, v in versions(front)} - {"default", "step-0"}:
+        update(front.url, base, "step-0")
+        requests.post(front.url + "/flush_cache", timeout=120)
+
+
+def updated_or_unflushed(r) -> None:
+    """SGLang's answer to a weight update: success, or -- with requests still running -- weights updated but the prefix
+    cache not flushed (400, success false: SGLang asks the caller to flush once they finish). Nothing else."""
+    if r.status_code == 200:
+        assert r.json()["success"] is True, r.text
+        return
+    assert r.status_code == 400, r.text
+    for answer in r.json()["instances"].values():
+        assert answer["status"] == 200 or "cache was not flushed" in answer["body"]["message"], r.text
+
+
+def flush(front) -> None:
+    r = requests.post(front.url + "/flush_cache", timeout=120)
+    assert r.status_code == 200, r.text
 
 
 @pytest.mark.parametrize("order", ["switch-first", "update-first"])
@@ -100,11 +128,12 @@ def test_a_weight_update_and_a_busy_switch_never_interleave(deployment, checkpoi
         sw.join()
         up.join()
         results = [f.result() for f in rollout]
-    assert box["update"].status_code == 200, box["update"].text
+    updated_or_unflushed(box["update"])
     # The switch ran before or after the update, never during: it succeeded, or was refused while the update held.
     assert box["switch"].status_code in (200, 409), box["switch"].text
     answered(results)
     assert {v for _, v in versions(front)} == {"step-2"}  # no instance left on the old weights
+    flush(front)  # SGLang skips the flush while requests run and asks for one afterwards, as a trainer does
     for _, out in results:  # each token's version is reported, as SGLang does
         spans = out["meta_info"]["weight_versions"]
         assert spans[0]["start"] == 0 and spans[-1]["end"] == len(out["output_ids"])
