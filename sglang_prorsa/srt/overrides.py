@@ -273,7 +273,10 @@ def _register_builtin() -> None:
             "Busy switching behind any router: a request taken off this instance ends in an abort, and the caller "
             "(HTTP, OpenAI routes, streaming, in-process) is still waiting here; the wrapper continues it on another "
             "pair from its persisted KV and gives the caller the stitched outputs instead of the abort. Outputs of "
-            "every other request pass through unchanged (srt/engine/hooks.py)."
+            "every other request pass through unchanged (srt/engine/hooks.py). While the continuation runs on other "
+            "instances the request gives back its reader lock on this instance's model_update_lock (this scheduler "
+            "no longer has it): held, an update or pause here would wait on work elsewhere, and SGLang's writer-"
+            "preferring lock then deadlocks across instances."
         ),
         apply=_wrap_stream_one_response,
     ))

@@ -44,6 +44,8 @@ CLASS_LEVEL: tuple[tuple[str, str], ...] = (
     ("sglang.srt.disaggregation.common.conn:CommonKVManager._handle_node_failure", "a decode instance forgets "
                                                                                   "a prefill whose role was rebuilt"),
     ("sglang.srt.utils.network:NetworkAddress", "the decode side's key for a prefill's bootstrap address"),
+    ("sglang.srt.utils.aio_rwlock:RWLock.release_reader", "a resumed request gives back the model-update reader "
+                                                          "lock while it continues elsewhere (hooks.py)"),
     ("sglang.srt.entrypoints.http_server:launch_server", "instances run SGLang's own HTTP server"),
     ("sglang.srt.entrypoints.http_server:_global_state", "the tokenizer manager of this process"),
     ("sglang.srt.entrypoints.http_server:app", "our routes are mounted on SGLang's app"),
@@ -85,6 +87,12 @@ CONSTANTS: tuple[tuple[str, Any, str], ...] = (
 def check_class_level() -> None:
     for target, _why in CLASS_LEVEL:
         resolve(target)
+    from sglang.srt.utils.aio_rwlock import RWLock
+
+    lock = RWLock()
+    missing = [a for a in ("_lock", "_readers") if not hasattr(lock, a)]
+    if missing:
+        raise SGLangInternalsMismatch(f"SGLang's RWLock lacks {missing} (written against sglang 0.5.23)")
     for target, value, _why in CONSTANTS:
         if resolve(target) != value:
             raise SGLangInternalsMismatch(f"{target} is {resolve(target)!r}, not {value!r} (written against sglang 0.5.23)")

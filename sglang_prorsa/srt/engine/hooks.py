@@ -136,10 +136,11 @@ def wrap_stream_one_response(original):
                 if state.finished and _is_final_abort(out):
                     record = _hand_back_if_queued(side, request, side.book.claim(obj.rid))
                     if record is not None:
-                        async for resumed in side.resume(obj, state, record, out, (ids, text),
-                                                         forwarded_headers(request)):
-                            ids, text = _delivered(resumed, ids, text, incremental)
-                            yield resumed
+                        async with _model_lock_released(self):
+                            async for resumed in side.resume(obj, state, record, out, (ids, text),
+                                                             forwarded_headers(request)):
+                                ids, text = _delivered(resumed, ids, text, incremental)
+                                yield resumed
                         if tid:
                             side.events.decoded(tid, ids)
                         return
@@ -163,13 +164,35 @@ def wrap_stream_one_response(original):
                 if tid:
                     side.events.decoded(tid, 0)
                 return
-            async for resumed in side.resume(obj, state, record, None, (ids, text), forwarded_headers(request)):
-                ids, text = _delivered(resumed, ids, text, incremental)
-                yield resumed
+            async with _model_lock_released(self):
+                async for resumed in side.resume(obj, state, record, None, (ids, text), forwarded_headers(request)):
+                    ids, text = _delivered(resumed, ids, text, incremental)
+                    yield resumed
         if tid:
             side.events.decoded(tid, ids)
 
     return _stream_one_response
+
+
+class _model_lock_released:
+    """While a taken-off request continues on other instances, it gives back the reader lock SGLang's
+    ``generate_request`` holds on this instance's ``model_update_lock`` for the whole response.
+
+    This scheduler no longer has the request, so a weight update or pause here has nothing to wait for; holding the
+    lock would deadlock across instances: SGLang's lock prefers writers, so an update waiting here blocks new requests
+    here, while this instance's own update waits for the continuation, which may need an instance whose update waits
+    the same way. On leaving, the count is restored without waiting (the ``async with`` of SGLang releases it once
+    more when the response ends)."""
+
+    def __init__(self, tm: Any) -> None:
+        self.lock = tm.model_update_lock
+
+    async def __aenter__(self) -> None:
+        await self.lock.release_reader()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        async with self.lock._lock:  # sglang.srt.utils.aio_rwlock.RWLock internals, checked at start-up
+            self.lock._readers += 1
 
 
 class HandedBack(ValueError):
