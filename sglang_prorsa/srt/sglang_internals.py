@@ -44,6 +44,9 @@ CLASS_LEVEL: tuple[tuple[str, str], ...] = (
     ("sglang.srt.disaggregation.common.conn:CommonKVManager._handle_node_failure", "a decode instance forgets "
                                                                                   "a prefill whose role was rebuilt"),
     ("sglang.srt.utils.network:NetworkAddress", "the decode side's key for a prefill's bootstrap address"),
+    ("sglang.srt.managers.io_struct:UpdateWeightVersionReqInput", "an update that could not flush still records "
+                                                                  "its weight version (control_guard.py)"),
+    ("sglang.srt.managers.tokenizer_manager:TokenizerManager.update_weight_version", "the same"),
     ("sglang.srt.utils.aio_rwlock:RWLock.release_reader", "a resumed request gives back the model-update reader "
                                                           "lock while it continues elsewhere (hooks.py)"),
     ("sglang.srt.entrypoints.http_server:launch_server", "instances run SGLang's own HTTP server"),

@@ -33,6 +33,28 @@ def _succeeded(out: Any) -> bool:
     return True if success is None else bool(success)
 
 
+# SGLang 0.5.23's answer when it swapped the weights but could not flush the prefix cache (requests were running):
+# success is False, so it also skips recording the new weight version, and the instance would go on reporting the
+# old one. There is no typed code for this case; the message is the only signal.
+NOT_FLUSHED = "Weights were updated, but the cache was not flushed"
+
+
+def _updated_but_not_flushed(out: Any) -> bool:
+    message = out[1] if isinstance(out, tuple) and len(out) > 1 else getattr(out, "message", "")
+    return not _succeeded(out) and isinstance(message, str) and NOT_FLUSHED in message
+
+
+async def _record_version(tm: Any, obj: Any) -> None:
+    """Record the version the weights now have, through SGLang's own route logic (scheduler and tokenizer side)."""
+    version = getattr(obj, "weight_version", None)
+    if version is None:
+        return
+    from sglang.srt.managers.io_struct import UpdateWeightVersionReqInput
+
+    # abort_all_requests defaults to True in SGLang: the running requests that kept the cache from flushing stay.
+    await tm.update_weight_version(UpdateWeightVersionReqInput(new_version=version, abort_all_requests=False))
+
+
 def wrap_control(name: str) -> Callable[[Callable], Callable]:
     holds, releases = GUARDED[name]
 
@@ -47,6 +69,8 @@ def wrap_control(name: str) -> Callable[[Callable], Callable]:
                 side.user_aborts += 1  # requests failing from here on were aborted by the trainer (hooks.py)
             async with side.ops_lock:
                 out = await original(self, *args, **kwargs)
+                if name.startswith("update_weights_from") and _updated_but_not_flushed(out):
+                    await _record_version(self, args[0] if args else kwargs.get("obj"))
             if _succeeded(out):
                 if holds:
                     side.held.add(holds)
