@@ -154,7 +154,14 @@ def wrap_stream_one_response(original):
         except Exception as e:  # SGLang raises for aborts that carry an HTTP status (a failed KV transfer, ...)
             if not _is_abort_exception(e):
                 raise
-            record = _hand_back_if_queued(side, request, side.book.claim(obj.rid))
+            record = side.book.claim(obj.rid)
+            if (record is None and not ids and side.user_aborts == aborts_at_entry and side.role == "decode"
+                    and getattr(obj, "bootstrap_room", None) is not None):
+                # SGLang's own heartbeat found the prefill instance gone and failed the transfer before our watchdog
+                # or peer_lost took the half off: nothing reached the caller, so it starts again elsewhere.
+                side.counters["transfers_failed_continued"] += 1
+                record = await side.queued_record(obj)
+            record = _hand_back_if_queued(side, request, record)
             if record is None:
                 if side.user_aborts == aborts_at_entry or ids:
                     raise

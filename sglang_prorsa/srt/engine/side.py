@@ -275,6 +275,12 @@ class EngineSide:
         async for out in self.resume(obj, state, record, None, (0, 0), forwarded_headers(request)):
             yield out
 
+    async def queued_record(self, obj: Any) -> MigratedRequest:
+        """A decode half that never received its KV, as a record to start again from its prompt."""
+        tokenized = await self.tm._tokenize_one_request(obj)
+        return MigratedRequest(rid=obj.rid, role="decode", stage=Stage.QUEUED, input_ids=list(tokenized.input_ids),
+                               output_ids=[], sampling_params={})
+
     async def rebuilt(self) -> None:
         await self._rebuilt.wait()
 
