@@ -15,6 +15,7 @@ import sys
 
 from fastapi import FastAPI
 
+from sglang_prorsa.srt.auth import mount
 from sglang_prorsa.srt.lifecycle_routes import make_router
 from sglang_prorsa.srt.forecast.config import PredictorConfig
 from sglang_prorsa.srt.lifecycle.control_plane import REFRESH_INTERVAL_S, LifecycleControlPlane
@@ -38,7 +39,7 @@ def build_app(control_plane: LifecycleControlPlane | None = None) -> FastAPI:
             control_plane.stop()
 
     app = FastAPI(title="sglang-prorsa control plane", lifespan=lifespan)
-    app.include_router(make_router(control_plane))
+    mount(app, make_router(control_plane))
     app.state.control_plane = control_plane
 
     @app.get("/health")

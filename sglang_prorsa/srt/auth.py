@@ -39,6 +39,13 @@ def admin(endpoint: Callable) -> Callable:
     return auth_level(AuthLevel.ADMIN_OPTIONAL)(endpoint)
 
 
+def mount(app: Any, router: Any) -> None:
+    """Add a router's routes to ``app`` at top level. The installed FastAPI keeps an included router as one nested
+    node, and SGLang 0.5.23's key middleware reads the auth level from the first top-level route that matches: behind
+    ``include_router`` every admin route of ours would fall back to the generation key."""
+    app.router.routes.extend(router.routes)
+
+
 def mark_admin_routes(app: Any, routes: set[tuple[str, str]]) -> None:
     """Mark already-mounted routes (method, path) as admin (for routers mounted from elsewhere)."""
     for route in app.router.routes:

@@ -40,6 +40,7 @@ except ImportError:  # pragma: no cover - orjson is pinned in requirements/base.
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from sglang_prorsa.srt.auth import admin
 from sglang_prorsa.srt.forecast.config import ConfigError
 from sglang_prorsa.srt.lifecycle.control_plane import LifecycleControlPlane
 from sglang_prorsa.srt.lifecycle.events import EventValidationError
@@ -88,6 +89,7 @@ def make_router(control_plane: LifecycleControlPlane) -> APIRouter:
         return JSONResponse(result.to_dict())
 
     @router.post("/lifecycle/config")
+    @admin  # changes the forecast's configuration: the admin key (SGLang's ADMIN_OPTIONAL), wherever it is mounted
     async def post_config(request: Request) -> JSONResponse:
         try:
             config = control_plane.configure(await _json_body(request))

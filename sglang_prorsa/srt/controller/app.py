@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sglang_prorsa import __version__
 from sglang_prorsa.config import Mode, ProrsaConfig
-from sglang_prorsa.srt.auth import AuthKeys, admin, mark_admin_routes
+from sglang_prorsa.srt.auth import AuthKeys, admin, mark_admin_routes, mount
 from sglang_prorsa.srt.auth import install as install_auth
 from sglang_prorsa.srt.controller.control_ops import ControlOps
 from sglang_prorsa.srt.controller.control_ops import mount as mount_control_ops
@@ -85,7 +85,7 @@ def build_app(front: Front) -> FastAPI:
         await front.http.close()
 
     app = FastAPI(title="sglang-prorsa front", lifespan=lifespan)
-    app.include_router(make_router(front.control_plane))
+    mount(app, make_router(front.control_plane))
     mark_admin_routes(app, {("POST", "/lifecycle/config")})
     for path in GENERATION_PATHS:
         app.add_route(path, front.relay.handle, methods=["POST"])

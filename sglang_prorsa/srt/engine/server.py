@@ -18,7 +18,7 @@ import time
 
 from sglang_prorsa import __version__
 from sglang_prorsa.config import InstanceSpec, ProrsaConfig
-from sglang_prorsa.srt.auth import AuthKeys, mark_admin_routes
+from sglang_prorsa.srt.auth import AuthKeys, mark_admin_routes, mount
 from sglang_prorsa.srt.disaggregation.kv_persist import KVStoreConfig
 
 logger = logging.getLogger("sglang_prorsa.instance")
@@ -83,7 +83,7 @@ def run_instance(spec: InstanceSpec) -> None:
         return tm, templates
 
     app = http_server.app
-    app.include_router(make_engine_router(side, cpu=str(server_args.device) == "cpu"))
+    mount(app, make_engine_router(side, cpu=str(server_args.device) == "cpu"))
 
     @app.get("/prorsa/info")
     def prorsa_info() -> dict:
@@ -96,7 +96,7 @@ def run_instance(spec: InstanceSpec) -> None:
 
         control_plane = LifecycleControlPlane()
         control_plane.start()  # refreshed in its own thread (a daemon: it ends with the server)
-        app.include_router(make_router(control_plane))
+        mount(app, make_router(control_plane))
         side.events.local = lambda events: control_plane.ingest_payload({"events": events})
         mark_admin_routes(app, {("POST", "/lifecycle/config")})
     app.add_middleware(EngineMiddleware, side=side, cpu=str(server_args.device) == "cpu")
