@@ -291,6 +291,9 @@ def _register_builtin() -> None:
                 f"{method} must never interleave with this instance's busy switch (issue 13): it runs under the lock "
                 "the switch holds (and a pause or a memory release holds switches until its counterpart). SGLang's "
                 "method runs unchanged (srt/engine/control_guard.py)."
+                + (" An update whose flush SGLang refused (a health check or a transfer in flight) records its "
+                   "weight version and is flushed by SGLang's deferred flush once the instance is idle."
+                   if method.startswith("update_weights_from") else "")
             ),
             apply=functools.partial(_wrap_control_method, method),
         ))

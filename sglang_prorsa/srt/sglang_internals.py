@@ -9,6 +9,7 @@ directly, without ``getattr(..., None)`` fallbacks.
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
 
@@ -96,6 +97,10 @@ def check_class_level() -> None:
     missing = [a for a in ("_lock", "_readers") if not hasattr(lock, a)]
     if missing:
         raise SGLangInternalsMismatch(f"SGLang's RWLock lacks {missing} (written against sglang 0.5.23)")
+    from sglang.srt.managers.io_struct import FlushCacheReqInput
+
+    if "timeout_s" not in inspect.signature(FlushCacheReqInput).parameters:  # the deferred flush (control_guard.py)
+        raise SGLangInternalsMismatch("SGLang's FlushCacheReqInput has no timeout_s (written against sglang 0.5.23)")
     for target, value, _why in CONSTANTS:
         if resolve(target) != value:
             raise SGLangInternalsMismatch(f"{target} is {resolve(target)!r}, not {value!r} (written against sglang 0.5.23)")

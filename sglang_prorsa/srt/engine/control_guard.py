@@ -5,6 +5,12 @@ flush -- and this instance's busy switch take one lock: an operation that arrive
 rebuilt role (and then applies before the instance serves the next request, which SGLang's own update lock
 guarantees), and no switch starts while one runs. A pause or a memory release holds switches here until its
 counterpart arrives (``POST /prorsa/switch_role`` answers 409 ``control_operation`` meanwhile).
+
+Beyond SGLang: a weight update whose flush SGLang refused while the instance was not paused is flushed once the
+instance falls idle (SGLang's own deferred flush, at most ``FLUSH_WAIT_S``). SGLang's update waits for the requests
+it knows (the model-update writer lock), so what still keeps the cache from flushing then is short: health-check
+generations (sglang-router checks every worker), halves still in KV transfer. Without this, an update answered 400
+at random whenever a router's health check was in flight.
 """
 
 from __future__ import annotations
@@ -44,6 +50,26 @@ def _updated_but_not_flushed(out: Any) -> bool:
     return not _succeeded(out) and isinstance(message, str) and NOT_FLUSHED in message
 
 
+# How long an update that could not flush waits for the instance to fall idle (seconds). Long enough for a health
+# check or a transfer in flight; an instance still busy after it answers SGLang's 400 as before.
+FLUSH_WAIT_S = 5.0
+
+
+async def _flush_when_idle(tm: Any) -> bool:
+    """SGLang's deferred flush (``FlushCacheReqInput.timeout_s``), called past our wrapper: we hold its lock."""
+    flush = getattr(type(tm).flush_cache, "__wrapped__", type(tm).flush_cache)
+    out = await flush(tm, timeout_s=FLUSH_WAIT_S)
+    return bool(out.success)
+
+
+def _flushed(out: tuple, version: Any) -> tuple:
+    """The update's answer once the deferred flush went through: SGLang's success, with the version it recorded."""
+    message = "Succeeded to update model weights; the cache was flushed once in-flight requests finished."
+    if version is not None:
+        message += f" Weight version updated to {version}."
+    return (True, message, *out[2:])
+
+
 async def _record_version(tm: Any, obj: Any) -> None:
     """Record the version the weights now have, through SGLang's own route logic (scheduler and tokenizer side)."""
     version = getattr(obj, "weight_version", None)
@@ -70,7 +96,11 @@ def wrap_control(name: str) -> Callable[[Callable], Callable]:
             async with side.ops_lock:
                 out = await original(self, *args, **kwargs)
                 if name.startswith("update_weights_from") and _updated_but_not_flushed(out):
-                    await _record_version(self, args[0] if args else kwargs.get("obj"))
+                    obj = args[0] if args else kwargs.get("obj")
+                    await _record_version(self, obj)
+                    # Paused in place, the held requests will not finish: SGLang's answer stands.
+                    if not self.is_pause and isinstance(out, tuple) and await _flush_when_idle(self):
+                        out = _flushed(out, getattr(obj, "weight_version", None))
             if _succeeded(out):
                 if holds:
                     side.held.add(holds)
