@@ -131,6 +131,16 @@ def wrap_stream_one_response(original):
         ids = text = 0  # what the caller has received so far (streaming)
         incremental = bool(obj.stream) and bool(self.incremental_streaming_output)
         first = True
+        ended = False
+
+        def report_end(output_tokens: int) -> None:
+            # Before the final output is yielded: SGLang's non-streaming /generate takes one output (__anext__) and
+            # never resumes this generator, so nothing after the last yield runs for it.
+            nonlocal ended
+            if tid and not ended:
+                ended = True
+                side.events.decoded(tid, output_tokens)
+
         try:
             async for out in original(self, obj, state, request):
                 if state.finished and _is_final_abort(out):
@@ -140,9 +150,10 @@ def wrap_stream_one_response(original):
                             async for resumed in side.resume(obj, state, record, out, (ids, text),
                                                              forwarded_headers(request)):
                                 ids, text = _delivered(resumed, ids, text, incremental)
+                                if _finished(resumed):
+                                    report_end(ids)
                                 yield resumed
-                        if tid:
-                            side.events.decoded(tid, ids)
+                        report_end(ids)
                         return
                     if _ours(out):
                         logger.error("request %s was taken off without a record; answering its abort", obj.rid)
@@ -150,6 +161,8 @@ def wrap_stream_one_response(original):
                     side.events.prefilled(tid, _prefill_of(side, obj))
                     first = False
                 ids, text = _delivered(out, ids, text, incremental)
+                if state.finished:
+                    report_end(ids)
                 yield out
         except Exception as e:  # SGLang raises for aborts that carry an HTTP status (a failed KV transfer, ...)
             if not _is_abort_exception(e):
@@ -167,16 +180,16 @@ def wrap_stream_one_response(original):
                     raise
                 # SGLang fails a PD half whose transfer a pause(abort) or abort-all cut with an HTTP error; the
                 # trainer asked for an abort, so it gets one, in the shape of every other aborted request.
+                report_end(0)
                 yield aborted_output(obj.rid, _prompt_tokens(self, obj), "aborted by the trainer (pause_generation abort or abort_request abort_all)")
-                if tid:
-                    side.events.decoded(tid, 0)
                 return
             async with _model_lock_released(self):
                 async for resumed in side.resume(obj, state, record, None, (ids, text), forwarded_headers(request)):
                     ids, text = _delivered(resumed, ids, text, incremental)
+                    if _finished(resumed):
+                        report_end(ids)
                     yield resumed
-        if tid:
-            side.events.decoded(tid, ids)
+        report_end(ids)
 
     return _stream_one_response
 
@@ -220,6 +233,10 @@ def _is_abort_exception(e: BaseException) -> bool:
     import fastapi
 
     return isinstance(e, (fastapi.HTTPException, ValueError))
+
+
+def _finished(out: dict) -> bool:
+    return (out.get("meta_info") or {}).get("finish_reason") is not None
 
 
 def _delivered(out: dict, ids: int, text: int, incremental: bool) -> tuple[int, int]:
