@@ -22,8 +22,7 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from sglang_prorsa.srt.utils import processes
-from sglang_prorsa.testing.front_client import arrange, busiest, instance_status, switch
+from sglang_prorsa.testing.front_client import arrange, busiest, instance_status, start_manual_front, switch
 
 ENGINE_FLAGS = ["--chunked-prefill-size", "512", "--max-total-tokens", "131072", "--log-level", "warning"]
 MAX_NEW = 200
@@ -101,11 +100,7 @@ def main() -> None:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     log_dir = Path(tempfile.mkdtemp(prefix="bench-stall-"))
-    port = processes.free_port()
-    front = processes.start(["--pd-adaptive", "--prorsa-instances", "3", "--prorsa-initial-prefill", "1",
-                             "--prorsa-manual-switch", "--prorsa-min-dwell", "0", "--prorsa-log-dir",
-                             str(log_dir / "instances"), "--host", processes.LOOPBACK, "--port", str(port),
-                             *ENGINE_FLAGS], name="front", port=port, log_dir=log_dir)
+    front = start_manual_front(3, 1, ENGINE_FLAGS, log_dir)
     rows = []
     try:
         front.wait_ready(timeout=900)

@@ -24,8 +24,14 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from sglang_prorsa.srt.utils import processes
-from sglang_prorsa.testing.front_client import busiest, generate, instance_status, instances, switch
+from sglang_prorsa.testing.front_client import (
+    busiest,
+    generate,
+    instance_status,
+    instances,
+    start_manual_front,
+    switch,
+)
 
 ENGINE_FLAGS = ["--chunked-prefill-size", "128", "--max-total-tokens", "131072", "--log-level", "warning"]
 
@@ -99,11 +105,7 @@ def main() -> None:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     log_dir = Path(tempfile.mkdtemp(prefix="bench-soak-"))
-    port = processes.free_port()
-    front = processes.start(["--pd-adaptive", "--prorsa-instances", "4", "--prorsa-initial-prefill", "2",
-                             "--prorsa-manual-switch", "--prorsa-min-dwell", "0", "--prorsa-log-dir",
-                             str(log_dir / "instances"), "--host", processes.LOOPBACK, "--port", str(port),
-                             *ENGINE_FLAGS], name="front", port=port, log_dir=log_dir)
+    front = start_manual_front(4, 2, ENGINE_FLAGS, log_dir)
     jobs = workload(args.requests, args.seed)
     switches: list[dict] = []
     try:

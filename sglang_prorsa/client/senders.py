@@ -10,7 +10,7 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import aiohttp
 import requests
@@ -27,13 +27,34 @@ def _describe(status: int, text: str) -> str:
     return f"POST {LIFECYCLE_PATH} -> HTTP {status}: {error_message(text)[0]}"
 
 
-class ThreadHintSender:
+class _Sender:
+    """Where the hints go, and what a delivery attempt's outcome does to the buffer."""
+
     def __init__(self, hints_url: str, config: HintConfig, buffer: HintBuffer,
                  headers: dict[str, str] | None = None) -> None:
         self.url = hints_url.rstrip("/") + LIFECYCLE_PATH
         self.config = config
         self.buffer = buffer
         self.headers = dict(headers or {})
+
+    def _settle_unless_retry(self, batch: list[dict[str, Any]], outcome: str, error: str | None) -> bool:
+        """Settle ``batch`` unless the attempt is to be retried (then False)."""
+        if outcome == "retry":
+            return False
+        if outcome != "ok":
+            logger.warning("lifecycle hints %s: %s", outcome, error)
+        self.buffer.settle(len(batch), outcome, error)
+        return True
+
+    def _give_up(self, batch: list[dict[str, Any]], attempts: int, error: str | None) -> None:
+        logger.warning("dropped %d lifecycle hints after %d attempts: %s", len(batch), attempts, error)
+        self.buffer.settle(len(batch), "failed", error)
+
+
+class ThreadHintSender(_Sender):
+    def __init__(self, hints_url: str, config: HintConfig, buffer: HintBuffer,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(hints_url, config, buffer, headers)
         self._cv = threading.Condition()
         self._urgent = False
         self._closing = False
@@ -51,27 +72,21 @@ class ThreadHintSender:
 
     def flush(self, timeout_s: float) -> bool:
         """Send everything queued now; True once all of it is settled (sent, rejected or dropped) within the time."""
-        deadline = time.monotonic() + timeout_s
-        with self._cv:
-            self._urgent = True
-            self._cv.notify_all()
-            while not self.buffer.drained:
-                left = deadline - time.monotonic()
-                if left <= 0 or self._thread is None or not self._thread.is_alive():
-                    return self.buffer.drained
-                self._cv.wait(min(left, 0.05))
-        return True
+        return self._send_now_and_wait(lambda: self.buffer.drained, timeout_s)
 
     def wait_settled(self, count: int, timeout_s: float) -> bool:
         """Send now and wait until the first ``count`` events queued are settled, at most ``timeout_s``."""
+        return self._send_now_and_wait(lambda: self.buffer.settled_total >= count, timeout_s)
+
+    def _send_now_and_wait(self, done: Callable[[], bool], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         with self._cv:
             self._urgent = True
             self._cv.notify_all()
-            while self.buffer.settled_total < count:
+            while not done():
                 left = deadline - time.monotonic()
                 if left <= 0 or self._thread is None or not self._thread.is_alive():
-                    return False
+                    return done()
                 self._cv.wait(min(left, 0.05))
         return True
 
@@ -118,27 +133,20 @@ class ThreadHintSender:
                 error = None if outcome == "ok" else _describe(r.status_code, r.text)
             except requests.RequestException as exc:
                 outcome, error = "retry", f"POST {LIFECYCLE_PATH}: {type(exc).__name__}: {exc}"
-            if outcome != "retry":
-                if outcome != "ok":
-                    logger.warning("lifecycle hints %s: %s", outcome, error)
-                self.buffer.settle(len(batch), outcome, error)
+            if self._settle_unless_retry(batch, outcome, error):
                 return
             if attempt == self.config.max_attempts or self._abandon.wait(self.config.backoff_s(attempt)):
                 break
             self.buffer.stats.retries += 1
-        logger.warning("dropped %d lifecycle hints after %d attempts: %s", len(batch), attempt, error)
-        self.buffer.settle(len(batch), "failed", error)
+        self._give_up(batch, attempt, error)
 
 
-class AsyncHintSender:
+class AsyncHintSender(_Sender):
     """The same loop as an asyncio task on the client's event loop."""
 
     def __init__(self, hints_url: str, config: HintConfig, buffer: HintBuffer,
                  headers: dict[str, str] | None = None) -> None:
-        self.url = hints_url.rstrip("/") + LIFECYCLE_PATH
-        self.config = config
-        self.buffer = buffer
-        self.headers = dict(headers or {})
+        super().__init__(hints_url, config, buffer, headers)
         self._wake = asyncio.Event()
         self._urgent = asyncio.Event()
         self._settled = asyncio.Event()
@@ -154,28 +162,19 @@ class AsyncHintSender:
         self._wake.set()
 
     async def flush(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        self._urgent.set()
-        self._wake.set()
-        while not self.buffer.drained:
-            left = deadline - time.monotonic()
-            if left <= 0 or self._task is None or self._task.done():
-                return self.buffer.drained
-            self._settled.clear()
-            try:
-                await asyncio.wait_for(self._settled.wait(), timeout=min(left, 0.05))
-            except asyncio.TimeoutError:
-                pass
-        return True
+        return await self._send_now_and_wait(lambda: self.buffer.drained, timeout_s)
 
     async def wait_settled(self, count: int, timeout_s: float) -> bool:
+        return await self._send_now_and_wait(lambda: self.buffer.settled_total >= count, timeout_s)
+
+    async def _send_now_and_wait(self, done: Callable[[], bool], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         self._urgent.set()
         self._wake.set()
-        while self.buffer.settled_total < count:
+        while not done():
             left = deadline - time.monotonic()
             if left <= 0 or self._task is None or self._task.done():
-                return False
+                return done()
             self._settled.clear()
             try:
                 await asyncio.wait_for(self._settled.wait(), timeout=min(left, 0.05))
@@ -230,14 +229,10 @@ class AsyncHintSender:
                     error = None if outcome == "ok" else _describe(r.status, text)
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 outcome, error = "retry", f"POST {LIFECYCLE_PATH}: {type(exc).__name__}: {exc}"
-            if outcome != "retry":
-                if outcome != "ok":
-                    logger.warning("lifecycle hints %s: %s", outcome, error)
-                self.buffer.settle(len(batch), outcome, error)
+            if self._settle_unless_retry(batch, outcome, error):
                 return
             if attempt == self.config.max_attempts:
                 break
             self.buffer.stats.retries += 1
             await asyncio.sleep(self.config.backoff_s(attempt))
-        logger.warning("dropped %d lifecycle hints after %d attempts: %s", len(batch), attempt, error)
-        self.buffer.settle(len(batch), "failed", error)
+        self._give_up(batch, attempt, error)

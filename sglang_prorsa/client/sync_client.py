@@ -22,39 +22,23 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from sglang_prorsa.client import grpo
-from sglang_prorsa.client.errors import (
-    HintBufferFull,
-    InvalidArgument,
-    ProrsaClientError,
-    ProrsaConnectionError,
-    ProrsaHTTPError,
-)
-from sglang_prorsa.client.generation import TRAJECTORY_ID_HEADER, Generation, generate_body, parse_generation
-from sglang_prorsa.client.hints import HintBuffer, HintConfig, HintStats, make_event, request_arrived_tokens
+from sglang_prorsa.client.base import ClientBase, check_url
+from sglang_prorsa.client.errors import ProrsaConnectionError, ProrsaHTTPError
+from sglang_prorsa.client.generation import Generation
+from sglang_prorsa.client.hints import HintConfig
 from sglang_prorsa.client.senders import ThreadHintSender
 from sglang_prorsa.client.trajectory import Trajectory
 
-
-def check_url(name: str, url: Any) -> str:
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise InvalidArgument(name, f"must be an http:// or https:// URL, got {url!r}")
-    return url.rstrip("/")
+__all__ = ["ProrsaClient", "check_url"]
 
 
-class ProrsaClient:
+class ProrsaClient(ClientBase):
     def __init__(self, url: str, *, hints_url: str | None = None, hints: HintConfig | None = None,
                  timeout_s: float = 600.0, headers: Mapping[str, str] | None = None) -> None:
-        self.url = check_url("url", url)
-        self.hints_url = check_url("hints_url", hints_url) if hints_url is not None else self.url
-        self.timeout_s = timeout_s
-        self.headers = dict(headers or {})
-        self.hint_config = hints or HintConfig()
-        self._stats = HintStats()
-        self._buffer = HintBuffer(self.hint_config, self._stats)
+        super().__init__(url, hints_url, hints, timeout_s, headers)
         self._sender = ThreadHintSender(self.hints_url, self.hint_config, self._buffer, self.headers)
         self._idle: list[requests.Session] = []
         self._lock = threading.Lock()
-        self._closed = False
 
     # ----- generation -----
     def generate(self, input_ids: Sequence[int] | None = None, *, text: str | None = None,
@@ -63,38 +47,18 @@ class ProrsaClient:
                  rid: str | None = None, extra: Mapping[str, Any] | None = None,
                  timeout_s: float | None = None) -> Generation:
         """``POST /generate`` for one prompt; returns output ids, text and (with ``return_logprob``) logprobs."""
-        body = generate_body(input_ids, text, sampling_params, max_new_tokens=max_new_tokens,
-                             temperature=temperature, return_logprob=return_logprob, rid=rid, extra=extra)
-        headers = {TRAJECTORY_ID_HEADER: trajectory_id} if trajectory_id else None
-        report = bool(trajectory_id) and self.hint_config.report_requests
-        if report:
-            self._report(trajectory_id, "request_arrived", prompt_tokens=request_arrived_tokens(body))
-        if trajectory_id and not self._buffer.drained:
+        body, headers, report = self._generation_request(
+            input_ids, text, sampling_params, trajectory_id, max_new_tokens=max_new_tokens, temperature=temperature,
+            return_logprob=return_logprob, rid=rid, extra=extra)
+        if self._must_send_hints_first(trajectory_id):
             self._sender.notify(urgent=True)  # queued hints of this turn go out now, beside the request
             if self.hint_config.order_timeout_s > 0:
                 self._sender.wait_settled(self._stats.enqueued, self.hint_config.order_timeout_s)
         t0 = time.perf_counter()
         answer = self.post_json("/generate", body, headers=headers, timeout_s=timeout_s)
-        if report:
-            self._report(trajectory_id, "prefill_end")
-            self._report(trajectory_id, "decode_end")
-        return parse_generation(answer, trajectory_id, time.perf_counter() - t0)
+        return self._generation_answered(answer, trajectory_id, report, time.perf_counter() - t0)
 
     # ----- hints -----
-    def hint(self, trajectory_id: str, event: str, **fields: Any) -> None:
-        """Queue one lifecycle event (see ``trajectory.py`` for the usual way); returns at once."""
-        if self._closed:
-            raise ProrsaClientError(f"client for {self.url} is closed; no more hints")
-        self._buffer.put(make_event(trajectory_id, event, fields))
-        self._sender.notify()
-
-    def _report(self, trajectory_id: str, event: str, **fields: Any) -> None:
-        """A hint on generation's own path: a full buffer drops it (counted) rather than failing the request."""
-        try:
-            self.hint(trajectory_id, event, **fields)
-        except HintBufferFull:
-            self._stats.dropped_overflow += 1
-
     def trajectory(self, task: str | None = None, *, trajectory_id: str | None = None, group_id: str | None = None,
                    prompt_tokens: int | None = None) -> Trajectory:
         return Trajectory(self, trajectory_id=trajectory_id, task=task, group_id=group_id,
@@ -103,11 +67,6 @@ class ProrsaClient:
     def run_group(self, n: int, fn: Callable[[Trajectory], Any], **kwargs: Any) -> list[Any]:
         """GRPO: ``fn(trajectory)`` for ``n`` members sharing a group id, concurrently (see ``grpo.run_group``)."""
         return grpo.run_group(self, n, fn, **kwargs)
-
-    @property
-    def hint_stats(self) -> HintStats:
-        """A snapshot of the hint counters."""
-        return HintStats(**self._stats.to_dict())
 
     def flush_hints(self, timeout_s: float | None = None) -> bool:
         """Send every queued hint now; True once all are settled within ``timeout_s``."""
@@ -131,9 +90,7 @@ class ProrsaClient:
 
     def update_weights_from_disk(self, model_path: str, weight_version: str | None = None,
                                  **extra: Any) -> dict:
-        body = {"model_path": model_path, **extra}
-        if weight_version is not None:
-            body["weight_version"] = weight_version
+        body = self._weights_body(model_path, weight_version, extra)
         return self.post_json("/update_weights_from_disk", body)
 
     def get_json(self, path: str, *, params: Mapping[str, Any] | None = None, base: str | None = None) -> Any:

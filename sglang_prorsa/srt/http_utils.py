@@ -3,7 +3,7 @@ every refusal carries a typed code (``srt/messages.Code``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -40,3 +40,15 @@ async def json_object(request: Request) -> dict[str, Any] | JSONResponse:
     if not isinstance(body, dict):
         return field_error("body", "must be a JSON object", 400)
     return body
+
+
+def json_body(handler: Callable[[dict[str, Any]], Awaitable[Any]]) -> Callable[[Request], Awaitable[Any]]:
+    """A POST route whose ``handler`` takes the request's JSON object; any other body is answered 400 here."""
+
+    async def route(request: Request) -> Any:
+        body = await json_object(request)
+        return body if isinstance(body, JSONResponse) else await handler(body)
+
+    # Not functools.wraps: FastAPI would read the handler's signature through __wrapped__ and expect a ``body`` field.
+    route.__name__, route.__qualname__, route.__doc__ = handler.__name__, handler.__qualname__, handler.__doc__
+    return route

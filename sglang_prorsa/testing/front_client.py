@@ -102,3 +102,19 @@ def busiest(url: str, role: str) -> dict:
 def distinct_prompts(n: int, length: Callable[[int], int], seed: int) -> list[list[int]]:
     """Token prompts whose first tokens differ: no two share a cached prefix, so computed-token counts are exact."""
     return [[10 + i] + [(seed * 131 + i * 37 + j * 11) % 900 + 20 for j in range(length(i) - 1)] for i in range(n)]
+
+
+def start_manual_front(instances_n: int, initial_prefill: int, engine_flags: Sequence[str], log_dir: Any,
+                       extra: Sequence[str] = ()) -> Any:
+    """An adaptive front on loopback whose instances switch only when told (``POST /prorsa/switch``), with no dwell
+    time: the set-up of the benchmarks that switch at moments they choose. Returns the started ``ServerProcess``."""
+    from pathlib import Path
+
+    from sglang_prorsa.srt.utils import processes
+
+    log_dir = Path(log_dir)
+    port = processes.free_port()
+    return processes.start(["--pd-adaptive", "--prorsa-instances", str(instances_n), "--prorsa-initial-prefill",
+                            str(initial_prefill), "--prorsa-manual-switch", "--prorsa-min-dwell", "0",
+                            "--prorsa-log-dir", str(log_dir / "instances"), "--host", processes.LOOPBACK,
+                            "--port", str(port), *extra, *engine_flags], name="front", port=port, log_dir=log_dir)

@@ -16,7 +16,7 @@ import logging
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sglang_prorsa import __version__
@@ -32,7 +32,7 @@ from sglang_prorsa.srt.controller.metrics import merge_prometheus
 from sglang_prorsa.srt.controller.orchestrator import Orchestrator, SwitchRefused
 from sglang_prorsa.srt.controller.registry import Registry, State, UnknownInstance
 from sglang_prorsa.srt.controller.router_pools import RouterPools
-from sglang_prorsa.srt.http_utils import coded_error, field_error, json_object
+from sglang_prorsa.srt.http_utils import coded_error, field_error, json_body
 from sglang_prorsa.srt.lifecycle_routes import make_router
 from sglang_prorsa.srt.forecast.config import PredictorConfig
 from sglang_prorsa.srt.front.relay import Relay
@@ -119,10 +119,8 @@ def build_app(front: Front) -> FastAPI:
 
     @app.post("/prorsa/switch")
     @admin
-    async def switch(request: Request):
-        body = await json_object(request)
-        if isinstance(body, JSONResponse):
-            return body
+    @json_body
+    async def switch(body: dict[str, Any]):
         inst, role = body.get("instance"), body.get("new_role")
         if not isinstance(inst, str) or inst not in front.registry.instances:
             return field_error("instance", f"must be one of {sorted(front.registry.instances)}, got {inst!r}")
@@ -137,10 +135,8 @@ def build_app(front: Front) -> FastAPI:
 
     @app.post("/prorsa/register")
     @admin
-    async def register(request: Request):
-        body = await json_object(request)
-        if isinstance(body, JSONResponse):
-            return body
+    @json_body
+    async def register(body: dict[str, Any]):
         problem = _check_registration(body)
         if problem:
             return field_error(*problem)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sglang_prorsa.srt.auth import admin
@@ -30,7 +30,7 @@ from sglang_prorsa.srt.engine.peers import Peer
 from sglang_prorsa.srt.engine.side import EngineSide
 from sglang_prorsa.srt.engine.switch import SwitchFailed, SwitchJob
 from sglang_prorsa.srt.engine.watchdog import held_rooms
-from sglang_prorsa.srt.http_utils import coded_error, field_error, json_object
+from sglang_prorsa.srt.http_utils import coded_error, field_error, json_body
 from sglang_prorsa.srt.messages import ChannelError, Code, LoadPrefix, PeerLost, Status
 from sglang_prorsa.srt.scheduler.counters import prometheus_text
 
@@ -51,15 +51,17 @@ def _non_negative_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
+def _rooms(v: Any) -> bool:
+    return isinstance(v, list) and all(_non_negative_int(r) for r in v)
+
+
 def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
     router = APIRouter()
 
     @router.post("/prorsa/switch_role")
     @admin
-    async def switch_role(request: Request):
-        body = await json_object(request)
-        if isinstance(body, JSONResponse):
-            return body
+    @json_body
+    async def switch_role(body: dict[str, Any]):
         new_role = body.get("new_role")
         if new_role not in ROLES:
             return field_error("new_role", f"must be one of {list(ROLES)}, got {new_role!r}")
@@ -102,10 +104,8 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
 
     @router.post("/prorsa/admission")
     @admin
-    async def admission(request: Request):
-        body = await json_object(request)
-        if isinstance(body, JSONResponse):
-            return body
+    @json_body
+    async def admission(body: dict[str, Any]):
         accept = body.get("accept")
         if not isinstance(accept, bool):
             return field_error("accept", "must be true or false")
@@ -116,12 +116,10 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
 
     @router.post("/prorsa/release")
     @admin
-    async def release(request: Request):
-        body = await json_object(request)
-        if isinstance(body, JSONResponse):
-            return body
+    @json_body
+    async def release(body: dict[str, Any]):
         rooms, only = body.get("rooms"), body.get("only_not_started", False)
-        if not isinstance(rooms, list) or not all(_non_negative_int(r) for r in rooms):
+        if not _rooms(rooms):
             return field_error("rooms", "must be a list of non-negative integers (bootstrap rooms)")
         if not isinstance(only, bool):
             return field_error("only_not_started", "must be true or false")
@@ -130,10 +128,8 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
 
     @router.post("/prorsa/peer_lost")
     @admin
-    async def peer_lost(request: Request):
-        body = await json_object(request)
-        if isinstance(body, JSONResponse):
-            return body
+    @json_body
+    async def peer_lost(body: dict[str, Any]):
         host, port = body.get("bootstrap_host"), body.get("bootstrap_port")
         if not isinstance(host, str) or not host:
             return field_error("bootstrap_host", "must be a host name or address")
@@ -147,32 +143,26 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
 
     @router.post("/prorsa/held_rooms")
     @admin
-    async def held(request: Request):
-        body = await json_object(request)
-        if isinstance(body, JSONResponse):
-            return body
+    @json_body
+    async def held(body: dict[str, Any]):
         rooms = body.get("rooms")
-        if not isinstance(rooms, list) or not all(_non_negative_int(r) for r in rooms):
+        if not _rooms(rooms):
             return field_error("rooms", "must be a list of non-negative integers (bootstrap rooms)")
         return JSONResponse({"held": held_rooms(side.tm, set(rooms))})
 
     @router.post("/prorsa/expect")
     @admin
-    async def expect(request: Request):
-        body = await json_object(request)
-        if isinstance(body, JSONResponse):
-            return body
+    @json_body
+    async def expect(body: dict[str, Any]):
         rooms = body.get("rooms")
-        if not isinstance(rooms, list) or not all(_non_negative_int(r) for r in rooms):
+        if not _rooms(rooms):
             return field_error("rooms", "must be a list of non-negative integers (bootstrap rooms)")
         return JSONResponse({"expected": await side.expect_here(rooms)})
 
     @router.post("/prorsa/kv/load")
     @admin
-    async def kv_load(request: Request):
-        body = await json_object(request)
-        if isinstance(body, JSONResponse):
-            return body
+    @json_body
+    async def kv_load(body: dict[str, Any]):
         ids, keys, bt = body.get("token_ids"), body.get("keys"), body.get("block_tokens")
         hold = body.get("hold_for_rid", "")
         if not isinstance(ids, list) or not all(_non_negative_int(t) for t in ids):
@@ -190,10 +180,8 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
 
     @router.post("/prorsa/peers")
     @admin
-    async def peers(request: Request):
-        body = await json_object(request)
-        if isinstance(body, JSONResponse):
-            return body
+    @json_body
+    async def peers(body: dict[str, Any]):
         items, version = body.get("instances"), body.get("version")
         if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
             return field_error("instances", "must be a list of objects")

@@ -1,0 +1,43 @@
+"""``json_body``: every POST route of ours refuses a body that is not a JSON object the same way, before its handler."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from sglang_prorsa.srt.auth import admin
+from sglang_prorsa.srt.http_utils import json_body
+
+
+def client() -> tuple[TestClient, list[dict[str, Any]]]:
+    app, seen = FastAPI(), []
+
+    @app.post("/echo")
+    @admin
+    @json_body
+    async def echo(body: dict[str, Any]):
+        """Echo."""
+        seen.append(body)
+        return {"got": body}
+
+    return TestClient(app), seen
+
+
+def test_an_object_reaches_the_handler_and_the_route_keeps_its_name_and_auth_level():
+    c, seen = client()
+    r = c.post("/echo", json={"rooms": [1, 2]})
+    assert r.status_code == 200 and r.json() == {"got": {"rooms": [1, 2]}} and seen == [{"rooms": [1, 2]}]
+    route = next(r for r in c.app.routes if getattr(r, "path", "") == "/echo")
+    assert route.endpoint.__name__ == "echo" and route.endpoint._auth_level.name == "ADMIN_OPTIONAL"
+
+
+def test_malformed_json_and_non_objects_are_400_naming_the_body_and_never_reach_the_handler():
+    c, seen = client()
+    bad = c.post("/echo", content=b"{not json", headers={"content-type": "application/json"})
+    assert bad.status_code == 400 and bad.json()["field"] == "body" and bad.json()["code"] == "invalid"
+    for body in ([1, 2], "x", 3, None):
+        r = c.post("/echo", json=body)
+        assert r.status_code == 400 and r.json()["field"] == "body", body
+    assert seen == []
