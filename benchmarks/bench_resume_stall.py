@@ -64,7 +64,7 @@ def one_point(url: str, ctx: int, n: int, seed: int) -> dict:
         t.start()
     deadline = time.monotonic() + 600
     while sum(instance_status(i["url"])["running"] for i in requests.get(url + "/prorsa/instances", timeout=10)
-              .json()["instances"] if i["role"] == "decode") < n:
+              .json()["instances"] if i["role"] == "decode") < n and all(t.is_alive() for t in threads):
         if time.monotonic() > deadline:
             raise TimeoutError("requests never all ran")
         time.sleep(0.05)

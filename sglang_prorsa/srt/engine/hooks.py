@@ -144,7 +144,10 @@ def wrap_stream_one_response(original):
         try:
             async for out in original(self, obj, state, request):
                 if state.finished and _is_final_abort(out):
-                    record = _hand_back_if_queued(side, request, side.book.claim(obj.rid))
+                    record = side.book.claim(obj.rid)
+                    if record is None and _server_error(out) and _lost_transfer(side, obj, ids, aborts_at_entry):
+                        record = await side.queued_record(obj)  # a stream gets SGLang's abort as an output
+                    record = _hand_back_if_queued(side, request, record)
                     if record is not None:
                         async with _model_lock_released(self):
                             async for resumed in side.resume(obj, state, record, out, (ids, text),
@@ -168,12 +171,8 @@ def wrap_stream_one_response(original):
             if not _is_abort_exception(e):
                 raise
             record = side.book.claim(obj.rid)
-            if (record is None and not ids and side.user_aborts == aborts_at_entry and side.role == "decode"
-                    and getattr(obj, "bootstrap_room", None) is not None):
-                # SGLang's own heartbeat found the prefill instance gone and failed the transfer before our watchdog
-                # or peer_lost took the half off: nothing reached the caller, so it starts again elsewhere.
-                side.counters["transfers_failed_continued"] += 1
-                record = await side.queued_record(obj)
+            if record is None and _lost_transfer(side, obj, ids, aborts_at_entry):
+                record = await side.queued_record(obj)  # a non-streamed request gets SGLang's abort raised
             record = _hand_back_if_queued(side, request, record)
             if record is None:
                 if side.user_aborts == aborts_at_entry or ids:
@@ -227,6 +226,23 @@ def _hand_back_if_queued(side: EngineSide, request: Any, record: Any) -> Any:
         side.counters["continuations_handed_back"] += 1
         raise HandedBack(f"prorsa: continuation {record.rid} handed back to its holder ({Code.HANDED_ON.value})")
     return record
+
+
+def _lost_transfer(side: EngineSide, obj: Any, ids: int, aborts_at_entry: int) -> bool:
+    """A decode half whose KV transfer SGLang failed (its heartbeat declared the prefill instance lost -- on a loaded
+    machine also a live one that answered late) before our watchdog or peer_lost took it off, not by a trainer's
+    abort, with nothing delivered: it starts again elsewhere from its prompt."""
+    lost = (not ids and side.user_aborts == aborts_at_entry and side.role == "decode"
+            and getattr(obj, "bootstrap_room", None) is not None)
+    if lost:
+        side.counters["transfers_failed_continued"] += 1
+    return lost
+
+
+def _server_error(out: dict) -> bool:
+    """SGLang's abort with a 5xx status (a failed KV transfer), not a client's or a trainer's abort."""
+    status = ((out.get("meta_info") or {}).get("finish_reason") or {}).get("status_code")
+    return isinstance(status, int) and status >= 500
 
 
 def _is_abort_exception(e: BaseException) -> bool:
