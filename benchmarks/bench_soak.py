@@ -131,6 +131,12 @@ def main() -> None:
         front.stop()
     lost = sum(1 for s, _, _ in got if s != 200)
     differ = sum(1 for (_, r, _), (s, g, _) in zip(ref, got) if s == 200 and g["output_ids"] != r["output_ids"])
+    # Enough to tell a stitching error from a near-tie flipped by another batch composition.
+    mismatches = [{"request": i, "first_differing_token": next(k for k, (a, b) in enumerate(
+                       zip(g["output_ids"] + [None], r["output_ids"] + [None])) if a != b),
+                   "migrations": g["meta_info"].get("prorsa", {}).get("migrations", [])}
+                  for i, ((_, r, _), (s, g, _)) in enumerate(zip(ref, got))
+                  if s == 200 and g["output_ids"] != r["output_ids"]]
     moved = [(g, t, rt) for (_, _, rt), (s, g, t) in zip(ref, got)
              if s == 200 and g["meta_info"].get("prorsa", {}).get("migrations")]
     resumes = sum(sum(1 for m in g["meta_info"]["prorsa"]["migrations"] if m["kv_tokens"] > 0) for g, _, _ in moved)
@@ -142,7 +148,9 @@ def main() -> None:
     summary = {
         "requests": args.requests, "switches": len(switches), "lost": lost, "not_identical": differ,
         "moved_requests": len(moved), "resumes_from_kv": resumes, "extra_prompt_tokens_computed": extra,
-        "migrations": migrations, "allowed_extra_tokens": migrations,  # one page (1 token on CPU) per migration "switch_s_p50": pct(times, 0.5), "switch_s_p99": pct(times, 0.99),
+        "migrations": migrations, "allowed_extra_tokens": migrations,  # one page (1 token on CPU) per migration
+        "switch_s_p50": pct(times, 0.5), "switch_s_p99": pct(times, 0.99),
+        "not_identical_detail": mismatches,
         "moved_extra_latency_s_p50": pct(moved_delta, 0.5), "moved_extra_latency_s_p99": pct(moved_delta, 0.99),
         "unmoved_extra_latency_s_p50": pct(unmoved_delta, 0.5),
         "switch_kinds": {k: sum(s["kind"] == k for s in switches) for k in
