@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import enum
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -36,6 +37,7 @@ class ProrsaConfig:
     prorsa_manual_switch: bool = False
     prorsa_min_dwell_s: float = 30.0
     prorsa_hysteresis: float = 0.1
+    prorsa_dwell_switch_costs: float = 6.0
     prorsa_kv_store: str = "file"
     prorsa_kv_store_path: str = ""
     prorsa_mooncake_master: str = ""
@@ -110,6 +112,8 @@ class ProrsaConfig:
             raise ConfigError("--prorsa-min-dwell", "must be >= 0 seconds")
         if not 0 <= self.prorsa_hysteresis < 1:
             raise ConfigError("--prorsa-hysteresis", "must be in [0, 1)")
+        if not (math.isfinite(self.prorsa_dwell_switch_costs) and self.prorsa_dwell_switch_costs >= 0):
+            raise ConfigError("--prorsa-dwell-switch-costs", "must be a finite number >= 0")
         for flag, url in (("--prorsa-controller", self.prorsa_controller), ("--prorsa-router", self.prorsa_router),
                           ("--prorsa-advertise-url", self.prorsa_advertise_url)):
             if url and not re.fullmatch(r"https?://[^/\s]+", url.rstrip("/")):
@@ -142,6 +146,8 @@ _HELP = {
     "prorsa_manual_switch": "Do not switch roles automatically; switches happen only through POST /prorsa/switch.",
     "prorsa_min_dwell_s": "Anti-flapping: seconds an instance keeps a new role before it may switch again (default: 30).",
     "prorsa_hysteresis": "Anti-flapping: coverage margin a new ratio must bring before switching (default: 0.1).",
+    "prorsa_dwell_switch_costs": "Anti-flapping: an instance also keeps a new role at least this many times its "
+    "last measured switch duration (default: 6; 0 together with --prorsa-min-dwell 0 turns the dwell guard off).",
     "prorsa_kv_store": "Where switched requests' KV pages persist: 'file' (one machine) or 'mooncake' (Mooncake "
     "Store, across machines).",
     "prorsa_kv_store_path": "Directory of the file KV store (default: a folder in the cache).",

@@ -116,6 +116,7 @@ def start_manual_front(instances_n: int, initial_prefill: int, engine_flags: Seq
     port = processes.free_port()
     return processes.start(["--pd-adaptive", "--prorsa-instances", str(instances_n), "--prorsa-initial-prefill",
                             str(initial_prefill), "--prorsa-manual-switch", "--prorsa-min-dwell", "0",
-                            "--prorsa-log-dir", str(log_dir / "instances"), "--host", processes.LOOPBACK,
-                            "--port", str(port), *extra, *engine_flags], name="front", port=port, log_dir=log_dir,
+                            "--prorsa-dwell-switch-costs", "0", "--prorsa-log-dir", str(log_dir / "instances"),
+                            "--host", processes.LOOPBACK, "--port", str(port), *extra, *engine_flags],
+                           name="front", port=port, log_dir=log_dir,
                            die_with_parent=True)  # a benchmark stopped by a signal leaves no front behind

@@ -44,7 +44,8 @@ def running_front(log_dir: Path, flags: list[str], n_instances: int = 3, initial
     mode_flags = [mode]
     if mode == "--pd-adaptive":
         mode_flags += ["--prorsa-instances", str(n_instances), "--prorsa-initial-prefill", str(initial_prefill),
-                       "--prorsa-manual-switch", "--prorsa-min-dwell", "0"]
+                       "--prorsa-manual-switch", "--prorsa-min-dwell", "0",
+                       "--prorsa-dwell-switch-costs", "0"]
     srv = processes.start(
         [*mode_flags, *flags, "--prorsa-log-dir", str(log_dir / f"front-{port}"), "--host", processes.LOOPBACK,
          "--port", str(port), *ENGINE_FLAGS],

@@ -37,11 +37,25 @@ def test_modes(argv, mode, count, prefill):
     (["--prorsa-horizon", "0"], "--prorsa-horizon"), (["--prorsa-router", "ftp://x"], "--prorsa-router"),
     (["--pd-adaptive", "--prorsa-controller", "http://h:1"], "--prorsa-controller"),
     (["--prorsa-controller", "http://h:1", "--prorsa-kv-store", "mooncake"], "--prorsa-mooncake-master"),
+    (["--prorsa-dwell-switch-costs", "-1"], "--prorsa-dwell-switch-costs"),
+    (["--prorsa-dwell-switch-costs", "inf"], "--prorsa-dwell-switch-costs"),
 ])
 def test_bad_combinations_name_the_flag(argv, flag):
     with pytest.raises(ConfigError) as e:
         split_prorsa_flags(argv)
     assert e.value.flag == flag and flag in str(e.value)
+
+
+def test_the_dwell_guard_is_configured_whole():
+    """Dwell = max(--prorsa-min-dwell, --prorsa-dwell-switch-costs x last switch time): both 0 turn it off."""
+    from sglang_prorsa.srt.role_switch.planner import PlannerConfig
+
+    config, _ = split_prorsa_flags(["--pd-adaptive"])
+    assert (config.prorsa_min_dwell_s, config.prorsa_dwell_switch_costs) == (30.0, 6.0)
+    config, _ = split_prorsa_flags(["--pd-adaptive", "--prorsa-min-dwell", "0", "--prorsa-dwell-switch-costs", "0"])
+    planner = PlannerConfig(min_dwell_s=config.prorsa_min_dwell_s, dwell_switch_costs=config.prorsa_dwell_switch_costs)
+    assert planner.dwell_s(switch_s=25.0) == 0.0
+    assert PlannerConfig(min_dwell_s=0.0).dwell_s(switch_s=25.0) == 150.0  # min-dwell 0 alone leaves 6 x 25 s
 
 
 def test_an_instance_spec_round_trips_through_its_file(tmp_path):

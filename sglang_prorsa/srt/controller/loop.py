@@ -45,7 +45,8 @@ class ControlLoop:
         # θ (issue 11): a continuous model of the prefill schedulers' own busy intervals, from this prior until
         # measured; never the front's PD round trips (they time transfers, not prefill).
         self.theta = ThetaModel(ThetaConfig(per_new_token_s=1.0 / PROFILED_THETA_P, reference_prompt_tokens=1024.0))
-        planner = PlannerConfig(min_dwell_s=config.prorsa_min_dwell_s, hysteresis=config.prorsa_hysteresis)
+        planner = PlannerConfig(min_dwell_s=config.prorsa_min_dwell_s, hysteresis=config.prorsa_hysteresis,
+                                dwell_switch_costs=config.prorsa_dwell_switch_costs)
         self.controller = RoleSwitchController(ControllerConfig(horizon_s=config.prorsa_horizon_s, planner=planner),
                                                self.theta, clock)
         self.decisions = 0
