@@ -134,61 +134,59 @@ def wrap_stream_one_response(original):
         ended = False
 
         def report_end(output_tokens: int) -> None:
-            # Before the final output is yielded: SGLang's non-streaming /generate takes one output (__anext__) and
-            # never resumes this generator, so nothing after the last yield runs for it.
             nonlocal ended
             if tid and not ended:
                 ended = True
                 side.events.decoded(tid, output_tokens)
+
+        def deliver(out: dict, final: bool) -> dict:
+            """Every output the caller receives passes here: counts what it has, and reports decode_end before the
+            final one is yielded (SGLang's non-streaming /generate takes one output with ``__anext__`` and never
+            resumes this generator, so nothing after the last yield runs for it)."""
+            nonlocal ids, text
+            ids, text = _delivered(out, ids, text, incremental)
+            if final:
+                report_end(ids)
+            return out
 
         try:
             async for out in original(self, obj, state, request):
                 if state.finished and _is_final_abort(out):
                     record = side.book.claim(obj.rid)
                     if record is None and _server_error(out) and _lost_transfer(side, obj, ids, aborts_at_entry):
-                        record = await side.queued_record(obj)  # a stream gets SGLang's abort as an output
+                        record = await _restart_lost(side, obj)  # a stream gets SGLang's abort as an output
                     record = _hand_back_if_queued(side, request, record)
                     if record is not None:
                         async with _model_lock_released(self):
                             async for resumed in side.resume(obj, state, record, out, (ids, text),
                                                              forwarded_headers(request)):
-                                ids, text = _delivered(resumed, ids, text, incremental)
-                                if _finished(resumed):
-                                    report_end(ids)
-                                yield resumed
-                        report_end(ids)
-                        return
+                                yield deliver(resumed, _finished(resumed))
+                        break  # this abort was the last output of the scheduler's request
                     if _ours(out):
                         logger.error("request %s was taken off without a record; answering its abort", obj.rid)
                 if first and tid:
                     side.events.prefilled(tid, _prefill_of(side, obj))
                     first = False
-                ids, text = _delivered(out, ids, text, incremental)
-                if state.finished:
-                    report_end(ids)
-                yield out
+                yield deliver(out, state.finished)
         except Exception as e:  # SGLang raises for aborts that carry an HTTP status (a failed KV transfer, ...)
             if not _is_abort_exception(e):
                 raise
             record = side.book.claim(obj.rid)
             if record is None and _lost_transfer(side, obj, ids, aborts_at_entry):
-                record = await side.queued_record(obj)  # a non-streamed request gets SGLang's abort raised
+                record = await _restart_lost(side, obj)  # a non-streamed request gets SGLang's abort raised
             record = _hand_back_if_queued(side, request, record)
             if record is None:
                 if side.user_aborts == aborts_at_entry or ids:
                     raise
                 # SGLang fails a PD half whose transfer a pause(abort) or abort-all cut with an HTTP error; the
                 # trainer asked for an abort, so it gets one, in the shape of every other aborted request.
-                report_end(0)
-                yield aborted_output(obj.rid, _prompt_tokens(self, obj), "aborted by the trainer (pause_generation abort or abort_request abort_all)")
+                yield deliver(aborted_output(obj.rid, _prompt_tokens(self, obj), "aborted by the trainer "
+                                             "(pause_generation abort or abort_request abort_all)"), True)
                 return
             async with _model_lock_released(self):
                 async for resumed in side.resume(obj, state, record, None, (ids, text), forwarded_headers(request)):
-                    ids, text = _delivered(resumed, ids, text, incremental)
-                    if _finished(resumed):
-                        report_end(ids)
-                    yield resumed
-        report_end(ids)
+                    yield deliver(resumed, _finished(resumed))
+        report_end(ids)  # a response that ended without a final output
 
     return _stream_one_response
 
@@ -232,11 +230,14 @@ def _lost_transfer(side: EngineSide, obj: Any, ids: int, aborts_at_entry: int) -
     """A decode half whose KV transfer SGLang failed (its heartbeat declared the prefill instance lost -- on a loaded
     machine also a live one that answered late) before our watchdog or peer_lost took it off, not by a trainer's
     abort, with nothing delivered: it starts again elsewhere from its prompt."""
-    lost = (not ids and side.user_aborts == aborts_at_entry and side.role == "decode"
+    return (not ids and side.user_aborts == aborts_at_entry and side.role == "decode"
             and getattr(obj, "bootstrap_room", None) is not None)
-    if lost:
-        side.counters["transfers_failed_continued"] += 1
-    return lost
+
+
+async def _restart_lost(side: EngineSide, obj: Any) -> Any:
+    """The record that restarts a decode half whose transfer was lost from its prompt (counted)."""
+    side.counters["transfers_failed_continued"] += 1
+    return await side.queued_record(obj)
 
 
 def _server_error(out: dict) -> bool:
