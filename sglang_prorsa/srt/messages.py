@@ -37,6 +37,11 @@ class Code(str, enum.Enum):
     UNSUPPORTED = "unsupported"  # the operation cannot run on this instance's device (e.g. memory release on CPU)
 
 
+# An instance's exit status when its HTTP port was bound by another process before it could bind it (EX_TEMPFAIL):
+# the front that started it starts it again on fresh ports.
+PORT_TAKEN_EXIT = 75
+
+
 class Stage(str, enum.Enum):
     """Where a request was when it was taken off an instance."""
 

@@ -53,6 +53,8 @@ CLASS_LEVEL: tuple[tuple[str, str], ...] = (
     ("sglang.srt.entrypoints.http_server:launch_server", "instances run SGLang's own HTTP server"),
     ("sglang.srt.entrypoints.http_server:_global_state", "the tokenizer manager of this process"),
     ("sglang.srt.entrypoints.http_server:app", "our routes are mounted on SGLang's app"),
+    ("sglang.srt.entrypoints.http_server:_execute_server_warmup", "its wait for the port is why an instance whose "
+                                                                  "port is taken exits itself (ExitWhenPortTaken)"),
 )
 
 # Scheduler instance attributes, per role ("any" = every role).

@@ -14,16 +14,20 @@ import signal
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from sglang_prorsa.config import InstanceSpec, Mode, ProrsaConfig
 from sglang_prorsa.srt.auth import AuthKeys
 from sglang_prorsa.srt.controller.registry import Instance, Registry, State
+from sglang_prorsa.srt.messages import PORT_TAKEN_EXIT
 
 logger = logging.getLogger("sglang_prorsa.front")
 
 INSTANCE_MODULE = "sglang_prorsa.srt.engine"
 READY_TIMEOUT_S = 900.0
+PORT_RETRIES = 3
 
 
 def instance_specs(config: ProrsaConfig, sglang_argv: list[str], log_dir: Path,
@@ -43,17 +47,49 @@ def instance_specs(config: ProrsaConfig, sglang_argv: list[str], log_dir: Path,
     return specs
 
 
-def wait_all_ready(started: list) -> None:
-    """Wait for every instance; if this process is told to stop meanwhile, stop them first (their waits then end at
-    once instead of running to their timeout)."""
-    ex = ThreadPoolExecutor(len(started))
-    try:
-        for srv, took in zip(started, ex.map(lambda s: s.wait_ready(timeout=READY_TIMEOUT_S), started)):
+def start_instance(spec: InstanceSpec, log_dir: Path, attempt: int = 0):
+    from sglang_prorsa.srt.utils import processes
+
+    path = spec.dump(log_dir / f"instance-{spec.instance_id}.json")
+    name = f"instance-{spec.instance_id}" + (f"-port-retry{attempt}" if attempt else "")
+    return processes.start(["--spec", str(path)], name=name, port=spec.port, log_dir=log_dir,
+                           module=INSTANCE_MODULE, die_with_parent=True)
+
+
+def ready_instance(spec: InstanceSpec, srv, log_dir: Path, started: dict) -> tuple[InstanceSpec, Any]:
+    """Wait for one instance. Its ports were free when chosen, but another process may bind one before it does
+    (SGLang picks ports of its own too): such an instance exits with ``PORT_TAKEN_EXIT`` and starts again on fresh
+    ports, up to ``PORT_RETRIES`` times. ``started`` (instance id -> process) always holds the live attempt."""
+    from sglang_prorsa.srt.utils import processes
+
+    for attempt in range(1, PORT_RETRIES + 2):
+        try:
+            took = srv.wait_ready(timeout=READY_TIMEOUT_S)
             logger.info("%s ready after %.1f s", srv.name, took)
+            return spec, srv
+        except RuntimeError:
+            if srv.proc.returncode != PORT_TAKEN_EXIT or attempt > PORT_RETRIES:
+                raise
+        logger.warning("instance %s: port %d or %s was taken before it could bind; starting it again on fresh "
+                       "ports (attempt %d)", spec.instance_id, spec.port, spec.bootstrap_port, attempt + 1)
+        spec = replace(spec, port=processes.free_port(),
+                       bootstrap_port=processes.free_port() if spec.bootstrap_port is not None else None)
+        srv = started[spec.instance_id] = start_instance(spec, log_dir, attempt)
+    raise AssertionError("unreachable")
+
+
+def wait_all_ready(specs: list[InstanceSpec], started: dict, log_dir: Path) -> list[InstanceSpec]:
+    """Wait for every instance (``started``: instance id -> process, updated when one starts again); the specs they
+    finally serve. If this process is told to stop meanwhile, stop them first (their waits then end at once instead
+    of running to their timeout)."""
+    ex = ThreadPoolExecutor(len(specs))
+    try:
+        return [spec for spec, _ in ex.map(lambda sp: ready_instance(sp, started[sp.instance_id], log_dir, started),
+                                           specs)]
     except BaseException:
         from sglang_prorsa.srt.utils import processes
 
-        processes.stop_many(started, grace_s=1.0)
+        processes.stop_many(list(started.values()), grace_s=1.0)
         raise
     finally:
         ex.shutdown(wait=False, cancel_futures=True)
@@ -69,13 +105,11 @@ def run_front(config: ProrsaConfig, sglang_argv: list[str], host: str, port: int
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     log_dir = Path(config.prorsa_log_dir or tempfile.mkdtemp(prefix="prorsa-instances-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    started: list = []
+    started: dict = {}  # instance id -> its process
     front = None
     master = None
     try:
         if config.prorsa_kv_store == "mooncake" and not config.prorsa_mooncake_master:
-            from dataclasses import replace
-
             from sglang_prorsa.srt.disaggregation.mooncake_master import start_mooncake_master
 
             master = start_mooncake_master(log_dir=log_dir)
@@ -86,24 +120,22 @@ def run_front(config: ProrsaConfig, sglang_argv: list[str], host: str, port: int
         reachable = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
         specs = instance_specs(config, sglang_argv, log_dir, f"http://{reachable}:{port}")
         for spec in specs:
-            path = spec.dump(log_dir / f"instance-{spec.instance_id}.json")
-            srv = processes.start(["--spec", str(path)], name=f"instance-{spec.instance_id}", port=spec.port,
-                                  log_dir=log_dir, module=INSTANCE_MODULE, die_with_parent=True)
-            started.append(srv)
-            registry.add(Instance(instance_id=spec.instance_id, url=spec.url, role=spec.role,
-                                  bootstrap_host=spec.host, bootstrap_port=spec.bootstrap_port, started_here=True,
-                                  pid=srv.pid))
+            started[spec.instance_id] = start_instance(spec, log_dir)
         if started:
             logger.info("starting %d instances (logs in %s)", len(started), log_dir)
-            wait_all_ready(started)
+            specs = wait_all_ready(specs, started, log_dir)
+        for spec in specs:
+            registry.add(Instance(instance_id=spec.instance_id, url=spec.url, role=spec.role,
+                                  bootstrap_host=spec.host, bootstrap_port=spec.bootstrap_port, started_here=True,
+                                  pid=started[spec.instance_id].pid))
         for inst in registry:
             registry.set_state(inst, State.ACTIVE)
-        front = Front(config, registry, processes={s.instance_id: srv for s, srv in zip(specs, started)},
+        front = Front(config, registry, processes=dict(started),
                       specs={s.instance_id: s for s in specs}, keys=keys)
         uvicorn.run(build_app(front), host=host, port=port, log_level="warning", access_log=False)
     finally:
         # Instances restarted while serving replace the ones started first (Health.restart).
         restarted = list(front.processes.values()) if front is not None else []
-        processes.stop_many([*started, *restarted], grace_s=5.0)
+        processes.stop_many([*started.values(), *restarted], grace_s=5.0)
         if master is not None:
             master.stop()

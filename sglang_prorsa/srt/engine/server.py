@@ -9,6 +9,7 @@ lifecycle routes with its own control plane; an instance under a controller runs
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
@@ -20,6 +21,7 @@ from sglang_prorsa import __version__
 from sglang_prorsa.config import InstanceSpec, ProrsaConfig
 from sglang_prorsa.srt.auth import AuthKeys, mark_admin_routes, mount
 from sglang_prorsa.srt.disaggregation.kv_persist import KVStoreConfig
+from sglang_prorsa.srt.messages import PORT_TAKEN_EXIT
 
 logger = logging.getLogger("sglang_prorsa.instance")
 
@@ -66,6 +68,7 @@ def run_instance(spec: InstanceSpec) -> None:
     from sglang_prorsa.srt.scheduler.process import run_scheduler_process
 
     apply_overrides()
+    logging.getLogger("uvicorn.error").addFilter(ExitWhenPortTaken(spec.port))
     server_args = server_args_for(spec)
     # SGLang sets the root level from --log-level; our switch and resume events stay visible at INFO (a few lines
     # per switch, none per request).
@@ -112,6 +115,30 @@ def run_instance(spec: InstanceSpec) -> None:
                                   launch_callback=on_serving)
     finally:
         kill_process_tree(os.getpid(), include_parent=False)
+
+
+class ExitWhenPortTaken(logging.Filter):
+    """Ends this instance with ``PORT_TAKEN_EXIT`` the moment uvicorn reports that another process holds its port.
+
+    The port was free when the front chose it, but another process may bind it first. uvicorn then logs the OSError
+    and shuts the lifespan down, which joins SGLang's warm-up thread -- and that thread polls the port for up to
+    120 x 6 s (``http_server._execute_server_warmup``, SGLang 0.5.23), so the instance would live on without
+    serving. Exiting here lets the front start it again on fresh ports at once (``controller/launcher.py``)."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__()
+        self.port = port
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.msg
+        if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+            from sglang.srt.utils import kill_process_tree
+
+            logger.error("port %d is bound by another process (%s): exiting with %d", self.port, exc, PORT_TAKEN_EXIT)
+            kill_process_tree(os.getpid(), include_parent=False)
+            logging.shutdown()
+            os._exit(PORT_TAKEN_EXIT)
+        return True
 
 
 def registration(spec: InstanceSpec, role: str) -> dict:
