@@ -42,8 +42,11 @@ def sampling(max_new: int, **extra: Any) -> dict:
 
 
 def generate(url: str, input_ids: list[int], max_new: int, *, logprobs: bool = True, headers: dict | None = None,
-             timeout: float = 900) -> tuple[int, dict]:
-    body = {"input_ids": input_ids, "sampling_params": sampling(max_new), "return_logprob": logprobs}
+             timeout: float = 900, top_logprobs: int = 0) -> tuple[int, dict]:
+    """A greedy ``/generate``; ``top_logprobs`` > 0 also returns that many top candidates per output token."""
+    body = {"input_ids": input_ids, "sampling_params": sampling(max_new), "return_logprob": logprobs or top_logprobs > 0}
+    if top_logprobs:
+        body["top_logprobs_num"] = top_logprobs
     r = requests.post(url + "/generate", json=body, timeout=timeout, headers=headers)
     try:
         return r.status_code, r.json()
