@@ -81,7 +81,7 @@ class KVSide:
 
     # -- load -------------------------------------------------------------------------------------------------------
     def load_prefix(self, msg: LoadPrefix) -> LoadPrefixResult:
-        from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
         from sglang.srt.mem_cache.radix_cache import RadixKey
 
         t0 = time.perf_counter()
@@ -96,6 +96,24 @@ class KVSide:
         if have >= n:
             held = self._hold(msg, tokens[:have])
             return LoadPrefixResult(0, have, 0, 0, time.perf_counter() - t0, held)
+        # The matched path is locked while room is made: unlocked, the eviction below may free its pages (and
+        # hand them back as new slots), and the insert would then put freed pages into the tree -- a double free
+        # later, and another request's KV overwritten (path_device_indices: "valid until the next allocation or
+        # eviction unless the path is locked").
+        lock = s.tree_cache.lock(match.last_device_node) if have else None
+        try:
+            return self._load_after(msg, tokens, have, n, match, t0)
+        finally:
+            s.tree_cache.unlock(lock)
+
+    def _load_after(self, msg: LoadPrefix, tokens: list[int], have: int, n: int, match: Any,
+                    t0: float) -> LoadPrefixResult:
+        """Load tokens [have, n) of a prefix whose first ``have`` tokens the tree holds (path locked)."""
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        s = self.s
+        page = int(s.page_size or 1)
         existing = s.tree_cache.path_device_indices(match.last_device_node)[:have].to(torch.int64)
         loaded = load_blocks(self.store, msg.keys, msg.block_tokens, have, n)
         if loaded.missing_blocks or loaded.checksum_failures:
@@ -109,7 +127,8 @@ class KVSide:
         alloc = s.token_to_kv_pool_allocator
         slots = alloc.alloc(usable)
         if slots is None:
-            s.tree_cache.evict(EvictParams(num_tokens=usable))
+            evicted = s.tree_cache.evict(EvictParams(num_tokens=usable)).num_tokens_evicted
+            self.counters.add("kv_tokens_evicted_for_loads", int(evicted))
             slots = alloc.alloc(usable)
         if slots is None:
             logger.warning("prorsa: no KV room to load a %d-token prefix; it will be recomputed", usable)
