@@ -33,6 +33,7 @@ from sglang_prorsa.testing.front_client import (
     switch,
 )
 
+T0 = time.perf_counter()
 ENGINE_FLAGS = ["--chunked-prefill-size", "128", "--max-total-tokens", "131072", "--log-level", "warning"]
 
 
@@ -52,7 +53,10 @@ def run(url: str, jobs, concurrency: int, desc: str, top_logprobs: int = 0) -> l
     def one(i: int) -> None:
         t0 = time.perf_counter()
         status, body = generate(url, jobs[i][0], jobs[i][1], logprobs=False, top_logprobs=top_logprobs)
-        out[i] = (status, body, time.perf_counter() - t0)
+        t1 = time.perf_counter()
+        if isinstance(body, dict):
+            body["span"] = (t0 - T0, t1 - T0)  # seconds since the benchmark started: lined up with the switches
+        out[i] = (status, body, t1 - t0)
         bar.update()
 
     with ThreadPoolExecutor(concurrency) as ex:
@@ -61,8 +65,8 @@ def run(url: str, jobs, concurrency: int, desc: str, top_logprobs: int = 0) -> l
     return out
 
 
-def computed(url: str) -> int:
-    return sum(int(instance_status(i["url"])["counters"].get("prompt_tokens_computed", 0)) for i in instances(url))
+def computed(url: str, counter: str = "prompt_tokens_computed") -> int:
+    return sum(int(instance_status(i["url"])["counters"].get(counter, 0)) for i in instances(url))
 
 
 def switcher(url: str, n: int, mean_gap_s: float, seed: int, stop: threading.Event, log: list) -> None:
@@ -86,7 +90,8 @@ def switcher(url: str, n: int, mean_gap_s: float, seed: int, stop: threading.Eve
         if r.status_code == 200:
             rep = r.json()
             log.append({"kind": kind, "instance": target["instance"], "to": role, "taken": rep["taken"],
-                        "controller_s": time.perf_counter() - t0, "timings": rep["timings"]})
+                        "controller_s": time.perf_counter() - t0, "span": (t0 - T0, time.perf_counter() - T0),
+                        "timings": rep["timings"]})
             last = (target, "decode" if role == "prefill" else "prefill")
 
 
@@ -104,6 +109,7 @@ def mismatch(i: int, ref: dict, got: dict) -> dict:
     migrations = got["meta_info"].get("prorsa", {}).get("migrations", [])
     return {"request": i, "first_differing_token": k, "reference_top2_margin": margin,
             "near_tie": margin is not None and margin < NEAR_TIE, "moved": bool(migrations),
+            "route": got.get("route"), "reference_route": ref.get("route"), "span": got.get("span"),
             "migrations": migrations}
 
 
@@ -133,8 +139,8 @@ def main() -> None:
         # composition flips (fp32 on CPU: the same request in another batch differs by up to ~1e-5 in a logprob).
         ref = run(url, jobs, args.concurrency, "reference", top_logprobs=2)
         ref_wall = time.perf_counter() - t0
-        for inst in instances(url):
-            requests.post(inst["url"] + "/flush_cache", timeout=60)
+        flushed = {i["instance"]: requests.post(i["url"] + "/flush_cache", timeout=60).status_code
+                   for i in instances(url)}
         before = computed(url)
         stop = threading.Event()
         # A switch takes ~1-2 s here and the switched run is slower than the reference: aim for well over
@@ -146,6 +152,7 @@ def main() -> None:
         stop.set()
         sw.join()
         extra = computed(url) - before - sum(len(p) for p, _ in jobs)
+        evicted_for_loads = computed(url, "kv_tokens_evicted_for_loads")
     finally:
         front.stop()
     lost = sum(1 for s, _, _ in got if s != 200)
@@ -169,6 +176,8 @@ def main() -> None:
         "not_identical_detail": mismatches,
         "moved_extra_latency_s_p50": pct(moved_delta, 0.5), "moved_extra_latency_s_p99": pct(moved_delta, 0.99),
         "unmoved_extra_latency_s_p50": pct(unmoved_delta, 0.5),
+        "flush_status": flushed,
+        "kv_tokens_evicted_for_loads": evicted_for_loads,  # prefix-cache room made to load a resumed prefix
         "switch_kinds": {k: sum(s["kind"] == k for s in switches) for k in
                          ("decode", "prefill", "back-to-back", "just-received")},
     }

@@ -9,6 +9,8 @@ from typing import Any, Callable, Sequence
 
 import requests
 
+from sglang_prorsa.srt.engine.continuation import ROUTE_HEADER
+
 
 def instances(url: str) -> list[dict]:
     """The front's instances (``GET /prorsa/instances``)."""
@@ -49,9 +51,12 @@ def generate(url: str, input_ids: list[int], max_new: int, *, logprobs: bool = T
         body["top_logprobs_num"] = top_logprobs
     r = requests.post(url + "/generate", json=body, timeout=timeout, headers=headers)
     try:
-        return r.status_code, r.json()
+        out = r.json()
     except ValueError:
         return r.status_code, {"error": r.text[:2000]}
+    if isinstance(out, dict) and ROUTE_HEADER in r.headers:
+        out["route"] = r.headers[ROUTE_HEADER]  # which pair (or instance) a front sent it to
+    return r.status_code, out
 
 
 def generate_stream(url: str, input_ids: list[int], max_new: int, timeout: float = 900) -> list[dict]:

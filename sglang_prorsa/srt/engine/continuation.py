@@ -32,6 +32,7 @@ from sglang_prorsa.srt.messages import Code, MigratedRequest
 logger = logging.getLogger(__name__)
 
 ROLE_HEADER = "X-Prorsa-Role"  # which half of a PD pair a request is (our front and resumes send it)
+ROUTE_HEADER = "X-Prorsa-Route"  # on a front's answer: the instances it sent the request to ("P/D", or "I")
 RESUME_HEADER = "X-Prorsa-Resume"  # a continuation, not a new request (the lifecycle must not count it again)
 MAX_MOVES = 16  # hand-backs under fast switching count as moves too
 # Request fields a continuation carries over from the original (others are set here or meaningless for it).

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from sglang_prorsa.srt.controller.registry import Instance, Registry
-from sglang_prorsa.srt.engine.continuation import ROLE_HEADER
+from sglang_prorsa.srt.engine.continuation import ROLE_HEADER, ROUTE_HEADER
 from sglang_prorsa.srt.lifecycle.events import MAX_ID_CHARS
 from sglang_prorsa.srt.messages import Code
 
@@ -140,6 +140,7 @@ class Relay:
                 prefill_task.cancel()
             raise
         media = resp.headers.get("Content-Type", "application/json")
+        route = {ROUTE_HEADER: f"{first.instance_id}/{decode.instance_id}" if decode is not None else first.instance_id}
         if not stream or resp.status != 200:
             try:
                 content = await resp.read()
@@ -148,7 +149,7 @@ class Relay:
             finally:
                 resp.release()
                 self._done(target, decode, first, prompt)
-            return Response(content, status_code=resp.status, media_type=media)
+            return Response(content, status_code=resp.status, media_type=media, headers=route)
 
         async def relay():
             try:
@@ -163,7 +164,7 @@ class Relay:
                 resp.release()
                 self._done(target, decode, first, prompt)
 
-        return StreamingResponse(relay(), status_code=resp.status, media_type=media)
+        return StreamingResponse(relay(), status_code=resp.status, media_type=media, headers=route)
 
     def _done(self, target: Instance, decode: Instance | None, first: Instance, prompt: int) -> None:
         target.inflight -= 1
