@@ -34,6 +34,8 @@ CLASS_LEVEL: tuple[tuple[str, str], ...] = (
                                                                                  "switching instance"),
     ("sglang.srt.managers.tokenizer_manager:TokenizerManager._stream_one_response", "wrapped: resume in the engine"),
     ("sglang.srt.managers.tokenizer_manager:TokenizerManager.pd_role_switch", "SGLang's idle role flip"),
+    ("sglang.srt.managers.tokenizer_manager:TokenizerManager._tokenize_texts", "a text prompt's ids for a request "
+                                                                              "continued without SGLang's state"),
     *((f"sglang.srt.managers.tokenizer_manager:TokenizerManager.{name}", "wrapped: serialised with switches")
       for name in ("update_weights_from_disk", "update_weights_from_tensor", "update_weights_from_distributed",
                    "init_weights_update_group", "destroy_weights_update_group", "flush_cache", "pause_generation",

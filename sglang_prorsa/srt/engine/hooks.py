@@ -168,6 +168,8 @@ def wrap_stream_one_response(original):
                     side.events.prefilled(tid, _prefill_of(side, obj))
                     first = False
                 yield deliver(out, state.finished)
+        except HandedBack:
+            raise  # ours, for the holder of this continuation: not an abort of SGLang's to continue from
         except Exception as e:  # SGLang raises for aborts that carry an HTTP status (a failed KV transfer, ...)
             if not _is_abort_exception(e):
                 raise

@@ -245,7 +245,8 @@ class EngineSide:
             self.counters["resume_failed"] += 1
             import fastapi
 
-            raise fastapi.HTTPException(status_code=503, detail={"error": str(e), "code": Code.RESUME_FAILED.value})
+            # SGLang's error handler takes a string detail (a dict made it fail with a 500): the code leads it.
+            raise fastapi.HTTPException(status_code=503, detail=f"{Code.RESUME_FAILED.value}: {e}")
         finally:
             self.resuming -= 1
 
@@ -254,13 +255,13 @@ class EngineSide:
         meant for the other role): a prefill half is answered as handed on after the decode peers released it; a
         decode half (or a colocated request) is continued elsewhere from its prompt, its prefill half released."""
         half = role_header or self.role
-        tokenized = await self.tm._tokenize_one_request(obj)
+        input_ids = await self.prompt_ids(obj)
         room = obj.bootstrap_room
         if half == "prefill":
             if room is not None:
                 await self.release_decode_halves([room])
             self.counters["handed_on"] += 1
-            yield handed_on_output(obj.rid, len(tokenized.input_ids))
+            yield handed_on_output(obj.rid, len(input_ids))
             return
         if room is not None:  # its prefill half answers as handed on (even if it began: we cannot receive its KV)
             await self.release_prefill_halves([QueuedItem(obj.rid, room, obj.bootstrap_host, obj.bootstrap_port)],
@@ -269,7 +270,7 @@ class EngineSide:
             # A continuation: its holder knows the persisted KV and retries elsewhere, loading it (hooks.HandedBack).
             self.counters["continuations_handed_back"] += 1
             raise ValueError(f"prorsa: continuation {obj.rid} handed back to its holder ({Code.HANDED_ON.value})")
-        record = MigratedRequest(rid=obj.rid, role="decode", stage=Stage.QUEUED, input_ids=list(tokenized.input_ids),
+        record = MigratedRequest(rid=obj.rid, role="decode", stage=Stage.QUEUED, input_ids=input_ids,
                                  output_ids=[], sampling_params={})
         state = _NoState(obj)
         async for out in self.resume(obj, state, record, None, (0, 0), forwarded_headers(request)):
@@ -277,9 +278,16 @@ class EngineSide:
 
     async def queued_record(self, obj: Any) -> MigratedRequest:
         """A decode half that never received its KV, as a record to start again from its prompt."""
-        tokenized = await self.tm._tokenize_one_request(obj)
-        return MigratedRequest(rid=obj.rid, role="decode", stage=Stage.QUEUED, input_ids=list(tokenized.input_ids),
+        return MigratedRequest(rid=obj.rid, role="decode", stage=Stage.QUEUED, input_ids=await self.prompt_ids(obj),
                                output_ids=[], sampling_params={})
+
+    async def prompt_ids(self, obj: Any) -> list[int]:
+        """The request's prompt as token ids, as SGLang tokenizes it -- without SGLang's per-request state, which
+        does not exist yet at arrival and is already deleted after an abort that carries a status."""
+        if obj.input_ids is not None:
+            return list(obj.input_ids)
+        ids, _ = await self.tm._tokenize_texts(obj.text)
+        return list(ids)
 
     async def rebuilt(self) -> None:
         await self._rebuilt.wait()
