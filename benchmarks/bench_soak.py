@@ -34,7 +34,7 @@ from sglang_prorsa.testing.front_client import (
 )
 
 T0 = time.perf_counter()
-ENGINE_FLAGS = ["--chunked-prefill-size", "128", "--max-total-tokens", "131072", "--log-level", "warning"]
+ENGINE_FLAGS = ["--chunked-prefill-size", "128", "--log-level", "warning"]
 
 
 def workload(n: int, seed: int) -> list[tuple[list[int], int]]:
@@ -124,11 +124,14 @@ def main() -> None:
     ap.add_argument("--switches", type=int, default=100)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-total-tokens", type=int, default=131072,
+                    help="KV pool per instance; small values make prefix caches evict (e.g. to load resumed prefixes)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     log_dir = Path(tempfile.mkdtemp(prefix="bench-soak-"))
-    front = start_manual_front(4, 2, ENGINE_FLAGS, log_dir)
+    flags = [*ENGINE_FLAGS, "--max-total-tokens", str(args.max_total_tokens)]
+    front = start_manual_front(4, 2, flags, log_dir)
     jobs = workload(args.requests, args.seed)
     switches: list[dict] = []
     try:
@@ -168,7 +171,8 @@ def main() -> None:
     moved_delta = [t - rt for _, t, rt in moved]
     times = [s["controller_s"] for s in switches]
     summary = {
-        "requests": args.requests, "switches": len(switches), "lost": lost, "not_identical": differ,
+        "requests": args.requests, "switches": len(switches), "max_total_tokens": args.max_total_tokens,
+        "lost": lost, "not_identical": differ,
         "moved_requests": len(moved), "resumes_from_kv": resumes, "extra_prompt_tokens_computed": extra,
         "migrations": migrations, "allowed_extra_tokens": migrations,  # one page (1 token on CPU) per migration
         "switch_s_p50": pct(times, 0.5), "switch_s_p99": pct(times, 0.99),
