@@ -176,6 +176,9 @@ def main() -> None:
         "moved_requests": len(moved), "resumes_from_kv": resumes, "extra_prompt_tokens_computed": extra,
         "migrations": migrations, "allowed_extra_tokens": migrations,  # one page (1 token on CPU) per migration
         "switch_s_p50": pct(times, 0.5), "switch_s_p99": pct(times, 0.99),
+        "lost_detail": [{"request": i, "status": st, "route": g.get("route") if isinstance(g, dict) else None,
+                         "span": g.get("span") if isinstance(g, dict) else None, "answer": str(g)[:600]}
+                        for i, (st, g, _) in enumerate(got) if st != 200],
         "not_identical_near_ties": sum(m["near_tie"] for m in mismatches),
         "not_identical_detail": mismatches,
         "moved_extra_latency_s_p50": pct(moved_delta, 0.5), "moved_extra_latency_s_p99": pct(moved_delta, 0.99),
