@@ -17,8 +17,9 @@ long operations are the ones still running); beyond the last completed duration 
 exponential with the class's mean completed duration (the product limit carries no information there). For each
 elapsed grid point b the table holds q for windows ending strictly before grid points b + H and b + H + 1 (H = h/dt);
 an elapsed time between grid points interpolates between the two, so that the window is h long to within dt/2.
-Building a table costs O(L * H) for a curve of L grid points; looking up n trajectories is an O(n) gather. With
-durations and elapsed times on the grid (integer seconds, h = 10 s) the values equal the exact product-limit ones.
+Building a table costs O(L * H) for a curve of L grid points (a refresh builds it only as far as its items' elapsed
+times reach, ``chain_windows``); looking up n trajectories is an O(n) gather. With durations and elapsed times on
+the grid (integer seconds, h = 10 s) the values equal the exact product-limit ones.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ def grid_step(horizon_s: float) -> float:
     return 2.0 ** max(-10, min(4, math.floor(math.log2(horizon_s / 64.0))))
 
 
+def window_points(horizon_s: float, dt: float) -> int:
+    """H: the grid steps a window of ``horizon_s`` spans (0 or less: an empty window, nothing arrives within it)."""
+    return int(round(horizon_s / dt))
+
+
 def event_bins(durations: np.ndarray, dt: float) -> np.ndarray:
     return np.minimum(np.floor(np.asarray(durations, np.float64) / dt + 0.5), MAX_GRID_POINTS - 1).astype(np.int64)
 
@@ -44,16 +50,17 @@ def censor_bins(durations: np.ndarray, dt: float) -> np.ndarray:
 
 
 def _hazard(events: np.ndarray, censored: np.ndarray, n: int) -> np.ndarray:
-    """Product-limit hazard d_k / n_k at grid points 0..n-1 (censored beyond n-1: at risk everywhere up to it)."""
-    ev = np.zeros(n)
-    m = min(n, events.size)
-    ev[:m] = events[:m]
-    cens = np.zeros(n)
-    m = min(n, censored.size)
-    cens[:m] = censored[:m]
-    cens[n - 1] += censored[n:].sum() + events[n:].sum()
-    at_risk = np.cumsum((ev + cens)[::-1])[::-1]
-    return ev / np.maximum(at_risk, 1.0)  # at_risk is a count: 0 only where there is no event either
+    """Product-limit hazard d_k / n_k at grid points 0..n-1 (censored beyond n-1: at risk everywhere up to it).
+
+    n_k counts every duration at or beyond point k: a suffix sum over both histograms, those beyond n-1 included.
+    The histograms hold counts (whole numbers), so the order of the additions changes no value."""
+    total = np.zeros(max(events.size, censored.size, n))
+    total[:events.size] = events
+    total[:censored.size] += censored
+    at_risk = np.cumsum(total[::-1])[::-1][:n]
+    if events.size < n:
+        events = np.concatenate((events, np.zeros(n - events.size)))
+    return events[:n] / np.maximum(at_risk, 1.0)  # at_risk is a count: 0 only where there is no event either
 
 
 class GridCurve:
@@ -78,6 +85,8 @@ class GridCurve:
             late[splice_at + 1:] = late_events[splice_at + 1:]
             nz_e, nz_l = np.flatnonzero(early), np.flatnonzero(late)
             self.last = max(int(nz_e[-1]) if nz_e.size else -1, int(nz_l[-1]) if nz_l.size else -1)
+        elif events.size and events[-1]:  # a histogram from bincount: its last point holds a completion
+            self.last = events.size - 1
         else:
             nz = np.flatnonzero(events)
             self.last = int(nz[-1]) if nz.size else -1  # last grid point with a completion (-1: none: all tail)
@@ -135,16 +144,6 @@ class ChainTable:
         return lo + w * (self.q_long[k] - lo)  # the tail entry holds one value in both arrays
 
 
-def _window_weights(then_cdf: np.ndarray | None, h: int) -> tuple[np.ndarray, np.ndarray]:
-    """w[d-1] = P(B at or before grid point H-1-d) (short window) / H-d (long window), d = 1..H."""
-    if then_cdf is None:
-        return np.ones(max(h - 1, 0)), np.ones(h)
-    f = np.concatenate((then_cdf[: h + 1], np.full(max(0, h + 1 - then_cdf.size), then_cdf[-1] if then_cdf.size else 1.0)))
-    short = f[h - 2::-1] if h >= 2 else np.empty(0)  # F[H-2], F[H-3], ..., F[0]
-    long = f[h - 1::-1] if h >= 1 else np.empty(0)  # F[H-1], ..., F[0]
-    return short, long
-
-
 def chain_table(curve: GridCurve, horizon_s: float, then_cdf: np.ndarray | None = None) -> ChainTable:
     """The table of q over ``horizon_s`` for phase ``curve`` followed by a phase with CDF ``then_cdf`` on the grid
     (None: nothing follows). Exact product-limit values at grid points (see the module docstring)."""
@@ -153,48 +152,87 @@ def chain_table(curve: GridCurve, horizon_s: float, then_cdf: np.ndarray | None 
 
 def chain_tables(curve: GridCurve, horizons, then_cdf: np.ndarray | None = None) -> list[ChainTable]:
     """``chain_table`` for several horizons, sharing the survival curve's extension."""
-    dt, last = curve.dt, curve.last
-    bins = [int(round(h / dt)) for h in horizons]
-    surv = curve.extended(last + max(bins) + 2) if last > 0 else None
-    return [_table(curve, surv, h_s, h, then_cdf) for h_s, h in zip(horizons, bins)]
+    size = max(curve.last, 0) + 1  # one entry per grid point up to the tail entry
+    return [ChainTable(q_short, q_long, curve.dt) for q_short, q_long in chain_windows(curve, horizons, then_cdf, size)]
 
 
-def _table(curve: GridCurve, surv: np.ndarray | None, horizon_s: float, h: int, then_cdf) -> ChainTable:
+def chain_windows(curve: GridCurve, horizons, then_cdf: np.ndarray | None, size: int,
+                  ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per horizon, the (q_short, q_long) of ``chain_tables`` at the elapsed grid points 0..size-1: point b holds the
+    table's entry min(b, last), so the tail entry repeats beyond the data and a table is computed only as far as the
+    items that read it reach (stores.py looks items up by grid point).
+
+    All horizons in one (horizon, short / long, point) array: the division and the clip are one pass each."""
     dt, last = curve.dt, curve.last
-    if h <= 0:  # nothing arrives within an empty window (same table shape as any horizon: one entry per point)
-        n = max(last, 0) + 1
-        return ChainTable(np.zeros(n), np.zeros(n), dt)
-    if then_cdf is None:  # a single memoryless phase: the closed form (continuous time, as B.2/B.3's exponential prior)
-        t_short = t_long = 1.0 - math.exp(-horizon_s / curve.tail_mean_s)
+    bins = [window_points(h, dt) for h in horizons]
+    points = min(size, last) if last > 0 else 0  # grid points before the tail entry
+    q = np.empty((len(bins), 2, size))
+    tails = _tails(curve, horizons, bins, then_cdf)
+    for t, tail in enumerate(tails):
+        # nothing arrives within an empty window; the tail entry is memoryless: one value for any position
+        q[t, :, points:] = 0.0 if tail is None else 0.5 * (tail[0] + tail[1])
+    if not points:  # no completion beyond grid point 0: everything is tail
+        return [(q[t, 0], q[t, 1]) for t in range(len(bins))]
+    surv = curve.extended(points + max(bins) + 2)
+    denom = surv[:points]
+    mass = surv[:points + max(bins) - 1] - surv[1:points + max(bins)] if then_cdf is not None else None
+    for t, (h, tail) in enumerate(zip(bins, tails)):
+        if tail is None:
+            q[t, :, :points] = 0.0
+        elif mass is None:  # sum of the masses at points b+1..b+H-1 (b+H): a difference of survivals
+            np.subtract(denom, surv[h - 1:points + h - 1], out=q[t, 0, :points])
+            np.subtract(denom, surv[h:points + h], out=q[t, 1, :points])
+        else:  # mass[j] = P(A at grid point j+1), weighted by the following phase's CDF
+            w_short, w_long = tail[2]
+            q[t, 0, :points] = np.correlate(mass[:points + h - 2], w_short, "valid") if h >= 2 else 0.0
+            q[t, 1, :points] = np.correlate(mass[:points + h - 1], w_long, "valid")
+    if denom[-1] > 0:  # a survival curve never increases: positive everywhere before its last positive point
+        q[:, :, :points] /= denom
     else:
+        alive = denom > 0
+        safe = np.where(alive, denom, 1.0)
+        for t, tail in enumerate(tails):
+            for row in (0, 1):
+                value = 0.0 if tail is None else tail[row]
+                q[t, row, :points] = np.where(alive, q[t, row, :points] / safe, value)
+    np.maximum(q, 0.0, out=q)
+    np.minimum(q, 1.0, out=q)
+    return [(q[t, 0], q[t, 1]) for t in range(len(bins))]
+
+
+def _tails(curve: GridCurve, horizons, bins: list[int], then_cdf) -> list[tuple | None]:
+    """Per horizon, (q_short, q_long, window weights of ``then_cdf``) beyond the data, where the phase is
+    memoryless; None for an empty window."""
+    if then_cdf is None:  # a single memoryless phase: the closed form (continuous time, as B.2/B.3's exponential prior)
+        out = []
+        for h_s, h in zip(horizons, bins):
+            t = 1.0 - math.exp(-h_s / curve.tail_mean_s)
+            out.append((t, t, None) if h > 0 else None)
+        return out
+    top = max(bins)
+    tail_s = np.exp(-(curve.dt / curve.tail_mean_s) * np.arange(top + 1))  # an exponential from the current point
+    tail_p = tail_s[:-1] - tail_s[1:]  # mass at points 1..H
+    out = []
+    for h in bins:
+        if h <= 0:
+            out.append(None)
+            continue
         w_short, w_long = _window_weights(then_cdf, h)
-        tail_s = np.exp(-(dt / curve.tail_mean_s) * np.arange(h + 1))  # an exponential from the current point
-        tail_p = tail_s[:-1] - tail_s[1:]  # mass at points 1..H
         t_short = float((tail_p[: h - 1] * w_short).sum()) if h >= 2 else 0.0
         t_long = float((tail_p[:h] * w_long).sum())
-    if last <= 0:  # no completion beyond grid point 0: everything is tail (memoryless)
-        tail = 0.5 * (t_short + t_long)
-        return ChainTable(np.array([tail]), np.array([tail]), dt)
-    denom = surv[:last]
-    if then_cdf is None:  # sum of the masses at points b+1..b+H-1 (b+H): a difference of survivals, no correlation
-        short = denom - surv[h - 1:last + h - 1]
-        long = denom - surv[h:last + h]
-    else:
-        mass = surv[:-1] - surv[1:]  # mass[j] = P(A at grid point j+1)
-        short = np.correlate(mass[: last + h - 2], w_short, "valid")[:last] if h >= 2 else np.zeros(last)
-        long = np.correlate(mass[: last + h - 1], w_long, "valid")[:last]
-    alive = denom > 0
-    safe = np.where(alive, denom, 1.0)
-    # the tail entry (elapsed beyond the data) is memoryless: one value for any position within the step
-    tail = 0.5 * (t_short + t_long)
-    q_short = np.empty(last + 1)
-    q_long = np.empty(last + 1)
-    q_short[:last] = np.where(alive, short / safe, t_short)
-    q_long[:last] = np.where(alive, long / safe, t_long)
-    q_short[last] = q_long[last] = tail
-    np.minimum(np.maximum(q_short, 0.0, out=q_short), 1.0, out=q_short)
-    np.minimum(np.maximum(q_long, 0.0, out=q_long), 1.0, out=q_long)
-    return ChainTable(q_short, q_long, dt)
+        out.append((t_short, t_long, (w_short, w_long)))
+    return out
+
+
+def _window_weights(then_cdf: np.ndarray, h: int) -> tuple[np.ndarray, np.ndarray]:
+    """w[d-1] = P(B at or before grid point H-1-d) (short window) / H-d (long window), d = 1..H."""
+    if then_cdf.size > h:  # long enough: views, no copy
+        f = then_cdf[: h + 1]
+    else:  # held at its last value beyond its end
+        f = np.concatenate((then_cdf, np.full(h + 1 - then_cdf.size, then_cdf[-1] if then_cdf.size else 1.0)))
+    short = f[h - 2::-1] if h >= 2 else np.empty(0)  # F[H-2], F[H-3], ..., F[0]
+    long = f[h - 1::-1] if h >= 1 else np.empty(0)  # F[H-1], ..., F[0]
+    return short, long
 
 
 def sum_cdf(curves: list[GridCurve], bins: int) -> np.ndarray:

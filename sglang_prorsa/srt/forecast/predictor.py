@@ -280,9 +280,11 @@ class WorkloadPredictor:
         if not Snapshot.count(idx):
             return 0.0
         speed = np.array([self.stats.decode_tokens_per_s(t) for t in range(snap.radix["task"])])
-        tokens = snap.prompt[idx].clip(0)
+        tokens = np.maximum(snap.prompt[idx], 0.0)
         if speed.any():  # the engine reports output tokens: add what the running decodes generated so far
-            tokens = tokens + np.floor(snap.elapsed(idx, engine=True) * speed[snap.task[idx]])
+            generated = speed.take(snap.task[idx])
+            generated *= snap.elapsed(idx, engine=True)
+            tokens += np.floor(generated, out=generated)
         return float(self._kv.many(tokens).sum())
 
     def _sampler_summary(self, snap: Snapshot, horizon: float, dt: float, sums) -> SamplerForecast:
@@ -292,7 +294,7 @@ class WorkloadPredictor:
         n_pass, q = 0.0, np.zeros(0)
         if Snapshot.count(idx):
             fitted = self.terms.fitted(self.stats.stores[Phase.REWARD], idx)  # the sampler term's fit
-            (q,) = fitted.probabilities(fitted.res, snap.elapsed(idx), (horizon,), None)
+            (q,) = fitted.probabilities(None, snap.elapsed(idx), (horizon,), None)
             n_pass = p_hat * float(q.sum())
         d_hat = self.stats.launch_delay.value
         policy = self.config.injection.policy

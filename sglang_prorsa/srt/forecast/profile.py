@@ -81,4 +81,9 @@ class KVFootprint:
 
     def many(self, tokens: np.ndarray) -> np.ndarray:
         x = np.maximum(np.asarray(tokens, np.float64), 0.0)
-        return np.ceil(x / self.page_size) * self.page_size
+        if self.page_size == 1:  # x / 1 and x * 1 are exact: the same numbers, two passes fewer
+            return np.ceil(x, out=x)
+        x /= self.page_size
+        np.ceil(x, out=x)
+        x *= self.page_size
+        return x

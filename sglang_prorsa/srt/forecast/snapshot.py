@@ -1,7 +1,7 @@
 """The live trajectories' columns as one refresh sees them, and the per-source sums a refresh accumulates.
 
-The tracker keeps numeric columns per slot (lifecycle/columns.py). A refresh sorts the slots by state once (a linear
-radix sort of the int8 state column) and gathers each column in that order only for the states that read it, so
+The tracker keeps numeric columns per slot (lifecycle/columns.py). A refresh sorts the slots by state once (one int32
+sort of (state, slot) keys, ``state_order``) and gathers each column in that order only for the states that read it, so
 every state, and every run of consecutive states, is a contiguous slice: the terms (terms.py, samples.py) read views
 and small gathers, never scan the whole table per term (issue 10, item 5).
 """
@@ -55,35 +55,44 @@ class SourceSums:
 
 
 class Snapshot:
-    """The live trajectories' columns, read once per refresh and ordered by state (one stable radix sort of the
-    state column; each column gathered once, when first needed), so every state is a contiguous slice: a term reads
-    views, never gathers. Consecutive state codes (e.g. decoded, tool, tool_done) form one slice too."""
+    """The live trajectories' columns, read once per refresh and ordered by state (one sort of the slots by state,
+    ``state_order``; each column gathered once, when first needed), so every state is a contiguous slice: a term
+    reads views, never gathers. Consecutive state codes (e.g. decoded, tool, tool_done) form one slice too."""
 
     COLUMNS = ("entered", "prompt", "next_prompt", "task", "tool", "turn", "group", "mode", "instance", "launched",
                "sandbox", "decoded", "tool_start")
     # read for most states: gathered once for every live slot (one gather; slices are views), the others per slice
-    WHOLE = frozenset({"entered", "prompt", "next_prompt", "task", "turn"})
+    WHOLE = frozenset({"entered", "prompt", "next_prompt", "task"})
+    # used as indices into small tables: gathered as int64 (numpy gathers several times faster by int64 indices than
+    # by the columns' int32, which it converts element by element)
+    INDEX = frozenset({"task", "tool", "turn", "group", "instance"})
 
     def __init__(self, now: float, engine_shift: float, columns, radix: dict) -> None:
         self.now = now
         self.engine_shift = engine_shift  # seconds the engine states' clocks are behind (a pause in progress)
         self.radix = radix
         self._columns = columns
-        state = columns.view("state")
-        self._order = np.argsort(state, kind="stable")  # int8: a linear-time radix sort
-        counts = np.bincount(state.astype(np.int64) + 1, minlength=len(STATE_CODES) + 1)
-        self._ends = np.cumsum(counts)  # _ends[code + 1]: slots with a state code <= code (FREE = -1 first)
-        self._sorted: dict[str, np.ndarray] = {}
+        self._order, self._ends = state_order(columns.view("state"))
         self._elapsed: dict[tuple, np.ndarray] = {}
+        self._spans: dict[tuple, slice] = {}
+        self._hinted: bool | None = None
+
+    @property
+    def hinted(self) -> bool:
+        """Whether any slot holds a trainer's next-prompt estimate; if none does, every live item's is -1 and the
+        column need not be read (one compare over the slots instead of a gather and a pass per state)."""
+        if self._hinted is None:
+            self._hinted = bool((self._columns.view("next_prompt") >= 0).any())
+        return self._hinted
 
     def __getattr__(self, name: str) -> "_SortedColumn":
+        """A column, set up at its first read; kept as an attribute, so that later reads skip this look-up."""
         if name not in Snapshot.COLUMNS:
             raise AttributeError(name)
-        col = self._sorted.get(name)
-        if col is None:
-            whole = name in Snapshot.WHOLE
-            col = self._sorted[name] = _SortedColumn(self._columns.view(name), self._order,
-                                                     int(self._ends[0]) if whole else None)
+        whole = name in Snapshot.WHOLE
+        col = _SortedColumn(self._columns.view(name), self._order, int(self._ends[0]) if whole else None,
+                            name in Snapshot.INDEX)
+        self.__dict__[name] = col
         return col
 
     def members(self, state: TrajState) -> slice:
@@ -91,9 +100,12 @@ class Snapshot:
 
     def span(self, *states: TrajState) -> slice:
         """The slice of ``states`` (consecutive state codes) in the sorted columns."""
-        codes = sorted(STATE_CODES[s] for s in states)
-        assert codes == list(range(codes[0], codes[-1] + 1)), "states must have consecutive codes"
-        return slice(int(self._ends[codes[0]]), int(self._ends[codes[-1] + 1]))
+        sl = self._spans.get(states)
+        if sl is None:
+            codes = sorted(STATE_CODES[s] for s in states)
+            assert codes == list(range(codes[0], codes[-1] + 1)), "states must have consecutive codes"
+            sl = self._spans[states] = slice(int(self._ends[codes[0]]), int(self._ends[codes[-1] + 1]))
+        return sl
 
     @staticmethod
     def count(sl: slice) -> int:
@@ -106,7 +118,8 @@ class Snapshot:
         out = self._elapsed.get(key) if key is not None else None
         if out is None:
             now = self.now - self.engine_shift if engine else self.now
-            out = np.maximum(now - (self.entered if since is None else since)[idx], 0.0)
+            out = np.subtract(now, (self.entered if since is None else since)[idx])
+            np.maximum(out, 0.0, out=out)
             if key is not None:
                 self._elapsed[key] = out
         return out
@@ -124,24 +137,51 @@ class Snapshot:
         return _Ids(self, idx, keep)
 
 
+def state_order(state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(slots sorted by state code, stable; ends) with ``ends[code + 1]`` the number of slots with a state code <=
+    code (FREE = -1 first): ``np.argsort(state, kind="stable")`` and the cumulative state counts.
+
+    Sorts one key per slot, the state code in the high bits above the slot number (FREE: negative keys, first):
+    the keys are distinct, so any sort is stable, and numpy sorts int32 keys about twice as fast as it argsorts the
+    int8 column stably; the counts are binary searches in the sorted keys instead of a bincount pass."""
+    n = state.size
+    shift = max(n - 1, 1).bit_length()
+    levels = len(STATE_CODES) + 1  # FREE and the states
+    dtype = np.int32 if levels << shift < 1 << 31 else np.int64
+    key = state.astype(dtype)
+    key <<= shift
+    key |= np.arange(n, dtype=dtype)
+    key.sort()
+    ends = np.searchsorted(key, np.arange(levels, dtype=dtype) << shift)  # keys below (code + 1) << shift
+    order = key.astype(np.int64)  # numpy gathers faster by int64 positions than by int32 ones
+    order &= (1 << shift) - 1  # the slot numbers
+    return order, ends
+
+
 class _SortedColumn:
     """A column in state order, gathered per slice on demand (a term touches only its states' rows)."""
 
-    def __init__(self, values: np.ndarray, order: np.ndarray, live_start: int | None = None) -> None:
+    def __init__(self, values: np.ndarray, order: np.ndarray, live_start: int | None = None,
+                 wide: bool = False) -> None:
         self._values, self._order = values, order
         self._cache: dict[tuple[int, int], np.ndarray] = {}
         self._live_start = live_start  # not None: gather all live slots (from this position) at the first read
         self._whole: np.ndarray | None = None
+        self._wide = wide  # gathered as int64
+
+    def _gather(self, positions: np.ndarray) -> np.ndarray:
+        out = self._values.take(positions)  # take: faster than fancy indexing for a 1-d gather
+        return out.astype(np.int64) if self._wide else out
 
     def __getitem__(self, sl: slice) -> np.ndarray:
         if self._live_start is not None:
             if self._whole is None:
-                self._whole = self._values[self._order[self._live_start:]]
+                self._whole = self._gather(self._order[self._live_start:])
             return self._whole[sl.start - self._live_start:sl.stop - self._live_start]
         key = (sl.start, sl.stop)
         out = self._cache.get(key)
         if out is None:
-            out = self._cache[key] = self._values[self._order[sl]]
+            out = self._cache[key] = self._gather(self._order[sl])
         return out
 
 

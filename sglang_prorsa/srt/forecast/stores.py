@@ -10,8 +10,10 @@ they belong to, so a class's Kaplan-Meier curve is not biased toward the short d
 
 ``DurationStore.evaluate`` turns the live trajectories of one state into per-trajectory probabilities with a few
 numpy passes: class resolution by look-up tables over interned ids, one bincount for the live censoring, one small
-table per used class (grid.py), one gather. Memory is bounded: at most ``MAX_CLASSES`` classes per store, each with
-at most ``history`` completed and ``history`` censored durations.
+table per used class (grid.py), one gather. Each item sits in a cell (its finest class, its elapsed time's grid
+point): the live censoring counts the cells, and ``Fitted.expected`` sums a refresh's arrivals over the same cells
+(two bincounts per weight), without the per-item probabilities. Memory is bounded: at most ``MAX_CLASSES`` classes
+per store, each with at most ``history`` completed and ``history`` censored durations.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from sglang_prorsa.srt.forecast.grid import GridCurve, MAX_GRID_POINTS, censor_bins, chain_tables, event_bins
+from sglang_prorsa.srt.forecast.grid import (GridCurve, MAX_GRID_POINTS, censor_bins, chain_windows, event_bins,
+                                             window_points)
 
 MAX_CLASSES = 4096
+_sum = np.add.reduce  # ndarray.sum without its Python wrapper (the same pairwise sum)
 ID_COLUMNS = ("task", "tool", "mode")  # the id tuple of ``DurationStore.record_ids``
 Key = tuple  # (level, *interned ids)
 
@@ -200,19 +204,23 @@ class DurationStore:
         it is built once over the finest class space (small: tasks x tools) and applied with one gather. The tables
         depend only on the classes' completion counts crossing 1 / ``min_samples`` (``version``) and on the radix,
         so they are kept between refreshes."""
-        if n is None:
-            n = next(iter(ids.values())).size if ids else 0
-        fine = self.levels[0]
         lut, used, level_codes, rows = self._tables(radix)
-        if len(fine) == 1:  # one column: its value is the code
-            code = np.asarray(ids[fine[0]], np.int64)
-        elif not fine:
-            code = np.zeros(n, np.int64)
-        else:
-            code = np.asarray(ids[fine[0]], np.int64)
-            for c in fine[1:]:
-                code = code * radix[c] + ids[c]
+        code = self._codes(ids, radix, n)
         return lut[code], used, Resolution(code, level_codes, rows)
+
+    def _codes(self, ids: Mapping[str, np.ndarray], radix: Mapping[str, int], n: int | None) -> np.ndarray:
+        """Each item's finest class code."""
+        fine = self.levels[0]
+        if len(fine) == 1:  # one column: its value is the code
+            return np.asarray(ids[fine[0]], np.int64)
+        if not fine:
+            if n is None:
+                n = next(iter(ids.values())).size if ids else 0
+            return np.zeros(n, np.int64)
+        code = np.asarray(ids[fine[0]], np.int64)
+        for c in fine[1:]:
+            code = code * radix[c] + ids[c]
+        return code
 
     def _tables(self, radix: Mapping[str, int]) -> tuple[np.ndarray, list[Key], list, list]:
         """(class index per finest class code, the used class keys, each level's code per finest class code, per used
@@ -264,20 +272,27 @@ class DurationStore:
             now: float | None) -> "Fitted":
         """Resolve each live item's class; the used classes' curves (every item of the phase censored at its elapsed
         time; ``now`` None: complete-sample curves, no censoring) are built when first asked for."""
-        res, used, resolution = self.resolve(ids, radix, elapsed.size)
-        if now is None:
+        if now is None or not elapsed.size:
+            res, used, _ = self.resolve(ids, radix, elapsed.size)
             return Fitted(self, res, used, {}, dt, now)
+        lut, used, _, rows = self._tables(radix)
+        code = self._codes(ids, radix, elapsed.size)
         if math.frexp(dt)[0] == 0.5:  # dt a power of two: elapsed * (1 / dt) is exactly elapsed / dt
-            x = elapsed * (1.0 / dt)
-            x += 1e-9
-            floor = np.floor(x)
-            bins = np.minimum(floor, MAX_GRID_POINTS - 1).astype(np.int64)  # = censor_bins(elapsed, dt)
+            items = GridItems(elapsed, dt)  # the look-ups' grid points are the censoring ones (censor_bins)
+            bins, width = items.bins, items.width
         else:
-            x = floor = None
-            bins = censor_bins(elapsed, dt)
-        fitted = Fitted(self, res, used, self._live_censoring(used, resolution, bins, radix), dt, now)
-        if x is not None:  # the look-ups of the same items reuse their grid positions
-            fitted.grid_of = (elapsed, x, floor, bins)
+            items, bins = None, censor_bins(elapsed, dt)
+            width = int(bins.max()) + 1
+        space = lut.size
+        cell = bins  # (finest class, grid point), in place: the grid points are not needed on their own
+        if space > 1:
+            cell += code * width
+        live, fine = self._live_censoring(rows, cell, width, space)
+        fitted = Fitted(self, None, used, live, dt, now, code=code, lut=lut)
+        # The fit's own items are looked up by the same cells: per-class cells need a gather and a bincount more;
+        # cells per finest class cost O(classes x width) per weighted sum, so only while that is small.
+        if items is not None and (space <= 4 * len(used) or space * width <= elapsed.size):
+            fitted.own = items.grouped(cell, lut, fine.sum(axis=1), fine.ravel())
         return fitted
 
     def evaluate(self, ids: Mapping[str, np.ndarray], radix: Mapping[str, int], elapsed: np.ndarray, dt: float,
@@ -294,35 +309,30 @@ class DurationStore:
             return [np.zeros(0) for _ in horizons]
         if also is not None and also[1].size:
             ids = {c: np.concatenate((ids[c], also[0][c])) for c in self.levels[0]}
-            all_elapsed = np.concatenate((elapsed, also[1]))
-        else:
-            all_elapsed = elapsed
-        fitted = self.fit(ids, radix, all_elapsed, dt, now)
-        return fitted.probabilities(fitted.res[:n], elapsed, horizons, then)
+            fitted = self.fit(ids, radix, np.concatenate((elapsed, also[1])), dt, now)
+            return fitted.probabilities(fitted.res[:n], elapsed, horizons, then)
+        fitted = self.fit(ids, radix, elapsed, dt, now)
+        return fitted.probabilities(None, elapsed, horizons, then)
 
-    def _live_censoring(self, used: list[Key], resolution: "Resolution", ebins: np.ndarray,
-                        radix: Mapping[str, int]) -> dict[int, np.ndarray]:
-        """Per used class: histogram of the elapsed times of the live items that belong to it (at its level).
+    @staticmethod
+    def _live_censoring(rows: list, cell: np.ndarray, width: int, space: int,
+                        ) -> tuple[dict[int, np.ndarray], np.ndarray]:
+        """Per used class: histogram of the elapsed times of the live items that belong to it (at its level); and
+        the items per cell (finest class, grid point).
 
-        One pass over the items: a histogram per finest class; a coarser class's is the sum of its finest classes'
-        rows (integer counts: the same numbers as counting its members directly)."""
+        One pass over the items: a histogram per finest class (``cell`` = finest class * width + grid point); a
+        coarser class's is the sum of its finest classes' rows (integer counts: the same numbers as counting its
+        members directly)."""
+        fine = np.bincount(cell, minlength=space * width).reshape(space, width)
         out: dict[int, np.ndarray] = {}
-        if not ebins.size:
-            return out
-        width = int(min(MAX_GRID_POINTS, ebins.max() + 1))
-        space = resolution.level_codes[0].size
-        if space == 1:
-            fine = np.bincount(ebins, minlength=width)[None, :]
-        else:
-            fine = np.bincount(resolution.code * width + ebins, minlength=space * width).reshape(space, width)
-        for j, rows in enumerate(resolution.rows):
-            if rows.size == 1:
-                out[j] = fine[rows[0]].astype(np.float64)
-            elif rows.size == space:
+        for j, r in enumerate(rows):
+            if r.size == 1:
+                out[j] = fine[r[0]].astype(np.float64)
+            elif r.size == space:
                 out[j] = fine.sum(axis=0).astype(np.float64)
             else:
-                out[j] = fine[rows].sum(axis=0).astype(np.float64)
-        return out
+                out[j] = fine[r].sum(axis=0).astype(np.float64)
+        return out, fine
 
 
 @dataclass(frozen=True)
@@ -347,18 +357,78 @@ def _decode(columns: tuple, code: int, radix: Mapping[str, int]) -> list[int]:
     return out[::-1]
 
 
+class GridItems:
+    """Items placed on the grid for table look-ups (grid.py's ``ChainTable.lookup``): each item's grid point (its
+    elapsed time's, capped at the last one) and, when first asked for, its weight within the step; once grouped,
+    its cell ``group * width + grid point`` among ``size`` cells, a group being a finest class (a fit's own items)
+    or a used class, ``classes`` the used class of each group, ``counts`` its items (and ``cell_counts`` the items
+    per cell, when known)."""
+
+    def __init__(self, elapsed: np.ndarray, dt: float) -> None:
+        x = elapsed * (1.0 / dt)  # elapsed >= 0
+        x += 1e-9
+        floor = np.floor(x)
+        top = float(floor.max()) if floor.size else -1.0
+        if top > MAX_GRID_POINTS - 1:  # (a max pass spares the clip pass when nothing is that old)
+            top = MAX_GRID_POINTS - 1
+            self.bins = np.minimum(floor, top).astype(np.int64)
+        else:
+            self.bins = floor.astype(np.int64)
+        self.width = int(top) + 1
+        self.elapsed = elapsed
+        self._x, self._floor, self._weight = x, floor, None
+        self.cell = self.classes = self.counts = self.cell_counts = None
+        self.size = 0
+
+    def grouped(self, cell: np.ndarray, classes: np.ndarray, counts: np.ndarray,
+                cell_counts: np.ndarray | None = None) -> "GridItems":
+        self.cell, self.classes, self.counts, self.cell_counts = cell, classes, counts, cell_counts
+        self.bins = None  # the cells replace them (a fit adds the class to them in place)
+        self.size = classes.size * self.width
+        return self
+
+    @classmethod
+    def by_class(cls, res: np.ndarray, elapsed: np.ndarray, dt: float, n_classes: int) -> "GridItems":
+        items = cls(elapsed, dt)
+        if n_classes == 1:
+            return items.grouped(items.bins, np.zeros(1, np.int64), np.array([res.size]))
+        cell = items.bins
+        cell += res * items.width
+        return items.grouped(cell, np.arange(n_classes), np.bincount(res, minlength=n_classes))
+
+    def weight(self) -> np.ndarray:
+        """The fraction of a step past the grid point, as the look-up weighs the long window (ChainTable.lookup):
+        min(frac + 0.5, 1), 0 exactly on a grid point."""
+        if self._weight is None:
+            w = np.subtract(self._x, self._floor, out=self._x)
+            w -= 1e-9
+            off_grid = w > 1e-9
+            w += 0.5
+            np.minimum(w, 1.0, out=w)
+            w *= off_grid  # a multiply, not a masked store: the mask is irregular and the store branches on it
+            self._weight, self._x, self._floor = w, None, None
+        return self._weight
+
+
 class Fitted:
     """A store's curves for one refresh: per used class, fitted with the live items' censoring. A curve is built
     when first asked for (``curve``, or ``probabilities`` for the classes its items use), then kept."""
 
-    def __init__(self, store: DurationStore, res: np.ndarray, used: list[Key], live: dict[int, np.ndarray], dt: float,
-                 now: float | None):
-        self.store, self.res, self.used, self.dt = store, res, used, dt
+    def __init__(self, store: DurationStore, res: np.ndarray | None, used: list[Key], live: dict[int, np.ndarray],
+                 dt: float, now: float | None, *, code: np.ndarray | None = None, lut: np.ndarray | None = None):
+        self.store, self.used, self.dt = store, used, dt
+        self._res, self._code, self._lut = res, code, lut  # res None: lut[code], gathered when first read
         self._live, self._now = live, now
         self._built: dict[int, GridCurve] = {}
         self._index = {key: j for j, key in enumerate(used)}
-        # (elapsed array, elapsed / dt + 1e-9, its floor, censor_bins) when the fit computed them (read only)
-        self.grid_of: tuple | None = None
+        self.own: GridItems | None = None  # the fit's items by finest class and grid point (the censoring's cells)
+
+    @property
+    def res(self) -> np.ndarray:
+        """Each item's index into ``used``."""
+        if self._res is None:
+            self._res = self._lut[self._code]
+        return self._res
 
     @property
     def curves(self) -> list[GridCurve]:
@@ -374,92 +444,82 @@ class Fitted:
         j = self._index.get(key)
         return self._curve(j) if j is not None else self.store.curve(key, self.dt)
 
-    def probabilities(self, res: np.ndarray, elapsed: np.ndarray, horizons: Sequence[float],
+    def probabilities(self, res: np.ndarray | None, elapsed: np.ndarray, horizons: Sequence[float],
                       then: Callable[[Key], np.ndarray | None] | None) -> list[np.ndarray]:
-        """q_i for each horizon, per item (``res``: the items' class indices, ``elapsed``: their elapsed times)."""
-        if not res.size:
+        """q_i for each horizon, per item (``res``: the items' class indices, None: the fit's own items, then
+        ``elapsed`` is the array the fit was given; ``elapsed``: their elapsed times)."""
+        if not elapsed.size:
             return [np.zeros(0) for _ in horizons]
-        k, w, short, long = self._lookup(res, elapsed, horizons, then)
+        items = self._items(res, elapsed)
+        w, cell = items.weight(), items.cell
         out = []
-        for qs, ql in zip(short, long):
-            lo = qs[k]
-            out.append(lo + w * (ql[k] - lo))
+        for table in self._tables(items, horizons, then):
+            if table is None:
+                out.append(np.zeros(elapsed.size))
+            else:
+                lo = table[0][cell]
+                out.append(lo + w * table[1][cell])
         return out
 
-    def expected(self, res: np.ndarray, elapsed: np.ndarray, horizons: Sequence[float],
+    def expected(self, res: np.ndarray | None, elapsed: np.ndarray, horizons: Sequence[float],
                  then: Callable[[Key], np.ndarray | None] | None, weights: Sequence[np.ndarray | None],
                  ) -> list[list[float]]:
-        """sum_i q_i(h) * weight_i for each weight (None: 1) and each horizon h: ``out[weight][horizon]``.
+        """sum_i q_i(h) * weight_i for each weight (None: 1) and each horizon h: ``out[weight][horizon]``
+        (``res`` and ``elapsed`` as for ``probabilities``).
 
         The same numbers as summing ``probabilities`` times the weights, without the per-item q: with
-        q_i = qs[k_i] + w_i (ql[k_i] - qs[k_i]), the sum is qs . A + (ql - qs) . B where A and B are the weights
-        (and the weights times w) summed per table entry (two bincounts per weight, shared by all horizons)."""
-        if not res.size:
+        q_i = qs[c_i] + w_i (ql[c_i] - qs[c_i]) for item i in cell c_i, the sum is qs . A + (ql - qs) . B where A and
+        B are the weights (and the weights times w) summed per cell (two bincounts per weight, shared by all
+        horizons)."""
+        if not elapsed.size:
             return [[0.0 for _ in horizons] for _ in weights]
-        k, w, short, long = self._lookup(res, elapsed, horizons, then)
-        size = short[0].size
+        items = self._items(res, elapsed)
+        tables = self._tables(items, horizons, then)
+        w, cell, size = items.weight(), items.cell, items.size
         out = []
         for weight in weights:
-            a = np.bincount(k, weight, minlength=size)
-            bw = np.bincount(k, w if weight is None else w * weight, minlength=size)
-            out.append([float((qs * a).sum() + ((ql - qs) * bw).sum()) for qs, ql in zip(short, long)])
+            if weight is None and items.cell_counts is not None:  # the censoring histogram counted them
+                a = items.cell_counts
+            else:
+                a = np.bincount(cell, weight, minlength=size)
+            bw = np.bincount(cell, w if weight is None else w * weight, minlength=size)
+            out.append([0.0 if table is None else float(_sum(table[0] * a) + _sum(table[1] * bw))
+                        for table in tables])
         return out
 
-    def _lookup(self, res: np.ndarray, elapsed: np.ndarray, horizons: Sequence[float],
-                then: Callable[[Key], np.ndarray | None] | None) -> tuple:
-        """(k, w, q_short per horizon, q_long per horizon): item i's q over horizon t is
-        q_short[t][k_i] + w_i * (q_long[t][k_i] - q_short[t][k_i]) (grid.py's ``ChainTable.lookup``); the tables of
-        the classes the items use, one after the other."""
-        dt = self.dt
-        # tables only for the classes these items use
-        if len(self.used) > 1:
-            present = np.flatnonzero(np.bincount(res, minlength=len(self.used)))
-        else:
-            present = np.zeros(1, np.int64)
-        tables = [chain_tables(self._curve(j), horizons, then(self.used[j]) if then is not None else None)
-                  for j in present.tolist()]
-        # position on the grid: the elapsed time's grid point b (the tail entry beyond the data) and the fraction
-        # of a step past it; off the grid the window covers (frac + 0.5) of point b + H (see ChainTable.lookup)
-        grid = self.grid_of
-        if grid is not None and grid[0] is elapsed:
-            _, x, floor, b = grid  # shared: not written below
-            w = np.subtract(x, floor)
-            fresh = False
-        else:
-            x = elapsed * (1.0 / dt)  # elapsed >= 0
-            x += 1e-9
-            floor = np.floor(x)
-            b = floor.astype(np.int64)
-            w = np.subtract(x, floor, out=x)
-            fresh = True
-        w -= 1e-9  # the fraction of a step past b
-        on_grid = w <= 1e-9
-        w += 0.5
-        np.minimum(w, 1.0, out=w)
-        w[on_grid] = 0.0
-        if present.size == 1:  # the common case: one class, no per-item class look-ups
-            k = np.minimum(b, tables[0][0].last, out=b if fresh else None)
-            qs = [t.q_short for t in tables[0]]
-            ql = [t.q_long for t in tables[0]]
-            return k, w, qs, ql
-        # several classes: each class's tables padded with its tail entry to one length L, so that item i's entry is
-        # row(i) * L + min(b_i, L - 1) (the same entry as min(b_i, last of its class) in its own table)
-        width = max(tb[0].last for tb in tables) + 1
-        if present.size == len(self.used):
-            rows = res
-        else:
-            compact = np.zeros(len(self.used), np.int64)
-            compact[present] = np.arange(present.size)
-            rows = compact[res]
-        k = np.minimum(b, width - 1, out=b if fresh else None)
-        k += rows * width
-        qs, ql = [], []
-        for t in range(len(horizons)):
-            for out, field in ((qs, "q_short"), (ql, "q_long")):
-                flat = np.empty(present.size * width)
-                for row, tb in enumerate(tables):
-                    q = getattr(tb[t], field)
-                    flat[row * width: row * width + q.size] = q
-                    flat[row * width + q.size: (row + 1) * width] = q[-1]
-                out.append(flat)
-        return k, w, qs, ql
+    def _items(self, res: np.ndarray | None, elapsed: np.ndarray) -> GridItems:
+        own = self.own
+        if res is None:
+            if own is not None and own.elapsed is elapsed:
+                return own
+            res = self.res
+        return GridItems.by_class(res, elapsed, self.dt, len(self.used))
+
+    def _tables(self, items: GridItems, horizons: Sequence[float], then: Callable[[Key], np.ndarray | None] | None,
+                ) -> list[tuple[np.ndarray, np.ndarray] | None]:
+        """Per horizon, (q_short, q_long - q_short) per cell of ``items``: each group's class's chain table (grid.py)
+        at grid points 0..width-1, or None for an empty window (q = 0: nothing arrives). Tables only for the classes
+        that items use; a group without items reads zeros."""
+        windowed = [h for h in horizons if window_points(h, self.dt) > 0]
+        if not windowed:
+            return [None for _ in horizons]
+        has = np.zeros(len(self.used), bool)
+        has[items.classes[items.counts > 0]] = True
+        present = np.flatnonzero(has)
+        windows = [chain_windows(self._curve(j), windowed, then(self.used[j]) if then is not None else None,
+                                 items.width) for j in present.tolist()]
+        row = np.full(len(self.used), present.size)  # classes without items: a zero row after the others
+        row[present] = np.arange(present.size)
+        rows = row[items.classes]
+        out, t = [], 0
+        for h in horizons:
+            if window_points(h, self.dt) <= 0:
+                out.append(None)
+                continue
+            q = np.zeros((2, present.size + 1, items.width))
+            for r, window in enumerate(windows):
+                q[0, r], q[1, r] = window[t]
+            q_short = q[0][rows].ravel()
+            out.append((q_short, q[1][rows].ravel() - q_short))
+            t += 1
+        return out

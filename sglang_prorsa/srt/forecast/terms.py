@@ -106,24 +106,29 @@ class ArrivalTerms:
     # ----- prompt lengths -----
     def _first_x(self, idx: np.ndarray) -> np.ndarray:
         s = self.snap
+        x = np.where(s.prompt[idx] >= 0, s.prompt[idx], self.x_new[s.task[idx]])
+        if not s.hinted:
+            return x
         hint = s.next_prompt[idx]
-        return np.where(hint >= 0, hint, np.where(s.prompt[idx] >= 0, s.prompt[idx], self.x_new[s.task[idx]]))
+        return np.where(hint >= 0, hint, x)
 
     def _next_x(self, idx: np.ndarray, by_tool: bool = False) -> np.ndarray:
         s = self.snap
-        hint = s.next_prompt[idx]
+        task = s.task[idx]
         if by_tool:  # in a tool: the tool's typical result size is known
-            growth = self._tool_growth()[s.task[idx], np.maximum(s.tool[idx], 0)]
+            out = self._tool_growth()[task, np.maximum(s.tool[idx], 0)]
         else:
-            growth = self._growth[s.task[idx]]
+            out = self._growth.take(task)
         prompt = s.prompt[idx]
-        out = prompt + growth
+        out += prompt  # prompt + growth, into the gathered array
         unknown = prompt < 0  # no request seen yet: a new sample's first prompt
         if unknown.any():
-            out[unknown] = self.x_new[s.task[idx][unknown]]
-        hinted = hint >= 0
-        if hinted.any():
-            out[hinted] = hint[hinted]
+            out[unknown] = self.x_new[task[unknown]]
+        if s.hinted:  # the trainer's estimate
+            hint = s.next_prompt[idx]
+            hinted = hint >= 0
+            if hinted.any():
+                out[hinted] = hint[hinted]
         return out
 
     def _tool_x(self, idx: np.ndarray) -> np.ndarray:
@@ -169,8 +174,8 @@ class ArrivalTerms:
 
     def _expect(self, sums: SourceSums, fitted, res, elapsed: np.ndarray, then, x: np.ndarray,
                 scale: np.ndarray | float | None = None) -> None:
-        """Add sum_i s_i q_i x_i and sum_i s_i q_i over S and h* (s: ``scale``, per item or one number)."""
-        res = fitted.res if res is None else res
+        """Add sum_i s_i q_i x_i and sum_i s_i q_i over S and h* (s: ``scale``, per item or one number; ``res``: the
+        items' classes in ``fitted``, None for the fit's own items)."""
         if isinstance(scale, np.ndarray):
             tokens, requests = fitted.expected(res, elapsed, (self.S, self.h), then, (scale * x, scale))
         else:
@@ -216,7 +221,7 @@ class ArrivalTerms:
             self._calls_lut = by_bucket[:, _TURN_LUT].ravel()
         turn = np.minimum(s.turn[idx], _TURNS - 1)
         turn += s.task[idx] * _TURNS
-        return self._calls_lut[turn]
+        return self._calls_lut.take(turn)
 
     def _decode_return(self, sums: SourceSums, second_idx, second_delay) -> None:
         st, snap = self.stats.stores, self.snap
