@@ -70,8 +70,8 @@ def ready_instance(spec: InstanceSpec, srv, log_dir: Path, started: dict) -> tup
         except RuntimeError:
             if srv.proc.returncode != PORT_TAKEN_EXIT or attempt > PORT_RETRIES:
                 raise
-        logger.warning("instance %s: port %d or %s was taken before it could bind; starting it again on fresh "
-                       "ports (attempt %d)", spec.instance_id, spec.port, spec.bootstrap_port, attempt + 1)
+        logger.warning("instance %s: port %d was taken before it could bind; starting it again on fresh ports "
+                       "(attempt %d)", spec.instance_id, spec.port, attempt + 1)
         spec = replace(spec, port=processes.free_port(),
                        bootstrap_port=processes.free_port() if spec.bootstrap_port is not None else None)
         srv = started[spec.instance_id] = start_instance(spec, log_dir, attempt)
