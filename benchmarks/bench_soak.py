@@ -65,6 +65,9 @@ def run(url: str, jobs, concurrency: int, desc: str, top_logprobs: int = 0) -> l
     return out
 
 
+WASTE_COUNTERS = ("prompt_tokens_discarded", "resume_prompt_tokens_computed")
+
+
 def computed(url: str, counter: str = "prompt_tokens_computed") -> int:
     return sum(int(instance_status(i["url"])["counters"].get(counter, 0)) for i in instances(url))
 
@@ -145,6 +148,7 @@ def main() -> None:
         flushed = {i["instance"]: requests.post(i["url"] + "/flush_cache", timeout=60).status_code
                    for i in instances(url)}
         before = computed(url)
+        waste_before = {k: computed(url, k) for k in WASTE_COUNTERS}
         stop = threading.Event()
         # A switch takes ~1-2 s here and the switched run is slower than the reference: aim for well over
         # ``--switches`` in the reference's wall time so the run reaches them before its requests run out.
@@ -156,6 +160,7 @@ def main() -> None:
         sw.join()
         extra = computed(url) - before - sum(len(p) for p, _ in jobs)
         evicted_for_loads = computed(url, "kv_tokens_evicted_for_loads")
+        waste = {k: computed(url, k) - waste_before[k] for k in WASTE_COUNTERS}
     finally:
         front.stop()
     lost = sum(1 for s, _, _ in got if s != 200)
@@ -185,6 +190,9 @@ def main() -> None:
         "unmoved_extra_latency_s_p50": pct(unmoved_delta, 0.5),
         "flush_status": flushed,
         "kv_tokens_evicted_for_loads": evicted_for_loads,  # prefix-cache room made to load a resumed prefix
+        # Where extra prompt tokens went: prefill work thrown away when a request was taken off mid-prefill, and
+        # what resumed requests still computed (one page each when their KV loaded whole).
+        **waste,
         "switch_kinds": {k: sum(s["kind"] == k for s in switches) for k in
                          ("decode", "prefill", "back-to-back", "just-received")},
     }

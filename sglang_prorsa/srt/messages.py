@@ -13,6 +13,11 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# HTTP headers between our processes (and on the front's answers).
+ROLE_HEADER = "X-Prorsa-Role"  # which half of a PD pair a request is (our front and resumes send it)
+ROUTE_HEADER = "X-Prorsa-Route"  # on a front's answer: the instances it sent the request to ("P/D", or "I")
+RESUME_HEADER = "X-Prorsa-Resume"  # a continuation, not a new request (the lifecycle must not count it again)
+
 
 class Code(str, enum.Enum):
     """Typed refusal and failure codes: in HTTP bodies (``{"error": ..., "code": ...}``) and in abort reasons."""

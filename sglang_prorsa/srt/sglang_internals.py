@@ -34,6 +34,8 @@ CLASS_LEVEL: tuple[tuple[str, str], ...] = (
                                                                                  "switching instance"),
     ("sglang.srt.managers.tokenizer_manager:TokenizerManager._stream_one_response", "wrapped: resume in the engine"),
     ("sglang.srt.managers.tokenizer_manager:TokenizerManager.pd_role_switch", "SGLang's idle role flip"),
+    ("sglang.srt.managers.tokenizer_manager:TokenizerManager._handle_abort_finish_reason", "the raise of a finished "
+                                                                                        "abort hooks.py continues"),
     ("sglang.srt.managers.tokenizer_manager:TokenizerManager._tokenize_texts", "a text prompt's ids for a request "
                                                                               "continued without SGLang's state"),
     *((f"sglang.srt.managers.tokenizer_manager:TokenizerManager.{name}", "wrapped: serialised with switches")

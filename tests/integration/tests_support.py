@@ -87,8 +87,8 @@ def flush_prefix_caches(front) -> None:
         assert requests.post(inst["url"] + "/flush_cache", timeout=30).status_code == 200
 
 
-def computed_tokens(front) -> int:
-    return sum(int(status(i["url"])["counters"].get("prompt_tokens_computed", 0)) for i in instances(front.url))
+def computed_tokens(front, counter: str = "prompt_tokens_computed") -> int:
+    return sum(int(status(i["url"])["counters"].get(counter, 0)) for i in instances(front.url))
 
 
 def engine_counter(front, name: str) -> int:

@@ -27,13 +27,10 @@ import orjson
 
 from sglang_prorsa.srt.engine.peers import NoPair, Peer
 from sglang_prorsa.srt.engine.stitch import Kept, Stitcher
-from sglang_prorsa.srt.messages import Code, MigratedRequest
+from sglang_prorsa.srt.messages import RESUME_HEADER, ROLE_HEADER, Code, MigratedRequest
 
 logger = logging.getLogger(__name__)
 
-ROLE_HEADER = "X-Prorsa-Role"  # which half of a PD pair a request is (our front and resumes send it)
-ROUTE_HEADER = "X-Prorsa-Route"  # on a front's answer: the instances it sent the request to ("P/D", or "I")
-RESUME_HEADER = "X-Prorsa-Resume"  # a continuation, not a new request (the lifecycle must not count it again)
 MAX_MOVES = 16  # hand-backs under fast switching count as moves too
 # Request fields a continuation carries over from the original (others are set here or meaningless for it).
 _CARRIED = ("return_logprob", "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs", "lora_path",
@@ -131,8 +128,12 @@ class Continuation:
                 async for chunk in side.stream(decode.url + "/generate", raw, self._headers("decode")):
                     if "error" in chunk:
                         raise ResumeFailed(f"decode {decode.instance_id}: {chunk['error']}")
+                    meta = chunk.get("meta_info") or {}
                     if "cached_tokens" not in move:  # how much of the resumed prompt was not computed again
-                        move["cached_tokens"] = (chunk.get("meta_info") or {}).get("cached_tokens")
+                        move["cached_tokens"] = meta.get("cached_tokens")
+                    nested = (meta.get("prorsa") or {}).get("migrations")
+                    if nested:  # this attempt moved again, continued by its decode instance: its moves are ours
+                        move["then"] = nested
                     out = self.stitcher.update(chunk)
                     if out is not None:
                         yield out

@@ -15,10 +15,10 @@ import contextvars
 import logging
 from typing import Any
 
-from sglang_prorsa.srt.engine.continuation import RESUME_HEADER, ROLE_HEADER, aborted_output
+from sglang_prorsa.srt.engine.continuation import aborted_output
 from sglang_prorsa.srt.engine.side import EngineSide, forwarded_headers
 from sglang_prorsa.srt.lifecycle.events import MAX_ID_CHARS
-from sglang_prorsa.srt.messages import Code, Stage
+from sglang_prorsa.srt.messages import RESUME_HEADER, ROLE_HEADER, Code, Stage
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def wrap_stream_one_response(original):
         report = side.events.enabled and side.role != "prefill" and _header(request, RESUME_HEADER) is None
         tid = trajectory_of(request) if report else None
         if tid:
-            side.events.arrived(tid, _prompt_tokens(self, obj), _prefill_of(side, obj))
+            side.events.arrived(tid, len(await side.prompt_ids(obj)), _prefill_of(side, obj))
         aborts_at_entry = side.user_aborts
         ids = text = 0  # what the caller has received so far (streaming)
         incremental = bool(obj.stream) and bool(self.incremental_streaming_output)
@@ -171,7 +171,7 @@ def wrap_stream_one_response(original):
         except HandedBack:
             raise  # ours, for the holder of this continuation: not an abort of SGLang's to continue from
         except Exception as e:  # SGLang raises for aborts that carry an HTTP status (a failed KV transfer, ...)
-            if not _is_abort_exception(e):
+            if not _is_abort_exception(e, state):
                 raise
             record = side.book.claim(obj.rid)
             if record is None and _lost_transfer(side, obj, ids, aborts_at_entry):
@@ -182,7 +182,7 @@ def wrap_stream_one_response(original):
                     raise
                 # SGLang fails a PD half whose transfer a pause(abort) or abort-all cut with an HTTP error; the
                 # trainer asked for an abort, so it gets one, in the shape of every other aborted request.
-                yield deliver(aborted_output(obj.rid, _prompt_tokens(self, obj), "aborted by the trainer "
+                yield deliver(aborted_output(obj.rid, len(await side.prompt_ids(obj)), "aborted by the trainer "
                                              "(pause_generation abort or abort_request abort_all)"), True)
                 return
             async with _model_lock_released(self):
@@ -248,10 +248,13 @@ def _server_error(out: dict) -> bool:
     return isinstance(status, int) and status >= 500
 
 
-def _is_abort_exception(e: BaseException) -> bool:
+def _is_abort_exception(e: BaseException, state: Any) -> bool:
+    """SGLang's raise for a finished request whose abort carries an HTTP status (``_handle_abort_finish_reason``:
+    ValueError for 400, HTTPException otherwise). Any other error -- a client disconnect (the request unfinished),
+    a validation error -- is not an abort to continue from."""
     import fastapi
 
-    return isinstance(e, (fastapi.HTTPException, ValueError))
+    return bool(state.finished) and isinstance(e, (fastapi.HTTPException, ValueError))
 
 
 def _finished(out: dict) -> bool:
@@ -262,14 +265,6 @@ def _delivered(out: dict, ids: int, text: int, incremental: bool) -> tuple[int, 
     """(output ids, text characters) the caller has after ``out``: summed for incremental streams, else the last."""
     n_ids, n_text = len(out.get("output_ids") or []), len(out.get("text") or "")
     return (ids + n_ids, text + n_text) if incremental else (n_ids, n_text)
-
-
-def _prompt_tokens(tm: Any, obj: Any) -> int:
-    if obj.input_ids is not None:
-        return len(obj.input_ids)
-    if isinstance(obj.text, str) and tm.tokenizer is not None:
-        return len(tm.tokenizer.encode(obj.text))
-    return 0
 
 
 def _prefill_of(side: EngineSide, obj: Any) -> str:

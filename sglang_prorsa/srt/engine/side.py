@@ -19,11 +19,12 @@ from sglang_prorsa.config import InstanceSpec
 from sglang_prorsa.srt.auth import AuthKeys
 from sglang_prorsa.srt.channel import EngineChannel
 from sglang_prorsa.srt.engine.book import RecordBook
-from sglang_prorsa.srt.engine.continuation import RESUME_HEADER, Continuation, ResumeFailed, handed_on_output, kept_from
+from sglang_prorsa.srt.engine.continuation import Continuation, ResumeFailed, handed_on_output, kept_from
 from sglang_prorsa.srt.engine.events import EngineEvents
 from sglang_prorsa.srt.engine.peers import Peer, PeerView
 from sglang_prorsa.srt.engine.stitch import Shape, Stitcher
 from sglang_prorsa.srt.messages import (
+    RESUME_HEADER,
     Code,
     ForgetPrefill,
     Inventory,

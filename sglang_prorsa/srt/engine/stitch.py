@@ -59,6 +59,16 @@ def continuation_spans(meta: dict[str, Any], n_tokens: int) -> list[tuple[str, i
     return []
 
 
+def flat_migrations(moves: list[dict]) -> list[dict]:
+    """Every move of a request in order: an attempt that moved again (continued by the instance it moved to, which
+    reports its own moves, already flat) is followed by those moves."""
+    out: list[dict] = []
+    for move in moves:
+        out.append({k: v for k, v in move.items() if k != "then"})
+        out.extend(move.get("then") or [])
+    return out
+
+
 class Stitcher:
     """Feed ``update`` the continuation's outputs in cumulative form; it returns the caller's next output or None."""
 
@@ -173,7 +183,7 @@ class Stitcher:
         if spans:
             meta["weight_versions"] = [{"version": v, "start": s, "end": e} for v, s, e in spans]
             meta["weight_version"] = spans[-1][0]
-        meta["prorsa"] = {"migrations": self.migrations}
+        meta["prorsa"] = {"migrations": flat_migrations(self.migrations)}
         text = self._text(ids, finish)
         if self.shape.stream and self.shape.incremental:
             out_ids, out_text = ids[self._sent_ids:], text[self._sent_text:]

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from sglang_prorsa.srt.controller.registry import Instance, Registry
-from sglang_prorsa.srt.engine.continuation import ROLE_HEADER, ROUTE_HEADER
+from sglang_prorsa.srt.messages import ROLE_HEADER, ROUTE_HEADER
 from sglang_prorsa.srt.lifecycle.events import MAX_ID_CHARS
 from sglang_prorsa.srt.messages import Code
 

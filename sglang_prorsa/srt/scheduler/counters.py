@@ -3,17 +3,22 @@
 Busy intervals feed θ (paper §4.2): an interval runs from the first step with work on an idle instance until the
 instance is idle again; ``new_tokens`` are the prompt tokens the model actually ran in extend (prefill) passes, so
 tokens loaded from the store or matched in the prefix cache are not in them (they are in ``cached_tokens``).
+
+Beyond the paper, two counters account for prompt work a busy switch could waste (issue 14's "none duplicated"):
+``prompt_tokens_discarded`` (prompt tokens computed here for a request then taken off before its KV left), and
+``resume_prompt_tokens_computed`` (tokens computed for resumed requests: one page each when their KV loaded whole).
 """
 
 from __future__ import annotations
 
 import time
-from collections import defaultdict, deque
+from collections import OrderedDict, defaultdict, deque
 from typing import Any, Iterable
 
 from sglang_prorsa.srt.messages import BusyInterval
 
 MAX_KEPT_INTERVALS = 256  # the most recent completed intervals, numbered; a reader asks for those after its last
+MAX_TRACKED_REQUESTS = 16384  # per-request prompt work, newest kept: bounded whatever the traffic
 
 
 class InstanceCounters:
@@ -24,19 +29,46 @@ class InstanceCounters:
         self._seen: set[str] = set()
         self._done: deque[BusyInterval] = deque(maxlen=MAX_KEPT_INTERVALS)
         self._seq = 0
+        self._computed: OrderedDict[str, int] = OrderedDict()  # rid -> prompt tokens computed here so far
+        self._resumes: OrderedDict[str, None] = OrderedDict()  # rids whose prefix was loaded here for a resume
 
     def add(self, name: str, value: float = 1) -> None:
         self._c[name] += value
 
-    def observe_extend(self, new_tokens: int, reqs: Iterable[Any]) -> None:
-        """One extend (prefill) pass: ``new_tokens`` computed; each request counts once per interval."""
+    def observe_extend(self, new_tokens: int, reqs: Iterable[Any], lens: Iterable[int] = ()) -> None:
+        """One extend (prefill) pass: ``new_tokens`` computed (``lens``: per request); each request counts once per
+        interval."""
         self._c["prompt_tokens_computed"] += new_tokens
         self._new += new_tokens
+        reqs = list(reqs)
+        for req, n in zip(reqs, lens):
+            self._count_for(req.rid, int(n))
         for req in reqs:
             if req.rid not in self._seen:
                 self._seen.add(req.rid)
                 self._cached += int(getattr(req, "cached_tokens", 0) or 0)
                 self._requests += 1
+
+    def _count_for(self, rid: str, n: int) -> None:
+        self._computed[rid] = self._computed.pop(rid, 0) + n
+        if len(self._computed) > MAX_TRACKED_REQUESTS:
+            self._computed.popitem(last=False)
+        if rid in self._resumes:
+            self._c["resume_prompt_tokens_computed"] += n
+
+    def expect_resume(self, rid: str) -> None:
+        """A prefix was loaded here for ``rid``: what its prefill still computes is counted apart."""
+        self._resumes[rid] = None
+        self._resumes.move_to_end(rid)
+        if len(self._resumes) > MAX_TRACKED_REQUESTS:
+            self._resumes.popitem(last=False)
+
+    def discard(self, rid: str) -> int:
+        """``rid`` was taken off here before its KV left: the prompt tokens computed for it are wasted."""
+        n = self._computed.pop(rid, 0)
+        self._resumes.pop(rid, None)
+        self._c["prompt_tokens_discarded"] += n
+        return n
 
     def observe_busy(self, busy: bool, role: str, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now

@@ -113,7 +113,8 @@ class ProrsaSchedulerMixin:
             health = [i for i, r in enumerate(batch.reqs) if str(r.rid).startswith(HEALTH_CHECK_RID_PREFIX)]
             lens = getattr(batch, "extend_lens", None) or []
             new_tokens = int(batch.extend_num_tokens) - sum(int(lens[i]) for i in health if i < len(lens))
-            side.counters.observe_extend(new_tokens, [r for i, r in enumerate(batch.reqs) if i not in health])
+            side.counters.observe_extend(new_tokens, [r for i, r in enumerate(batch.reqs) if i not in health],
+                                         [n for i, n in enumerate(lens) if i not in health])
 
 
 class SchedulerSide:
@@ -352,6 +353,10 @@ class SchedulerSide:
     def _take(self, req: Any, record: MigratedRequest, code: Code) -> None:
         """Push the record, then abort the request here with our typed reason."""
         self.channel.push(record)
+        wasted = self.counters.discard(req.rid)
+        if wasted:
+            logger.warning("prorsa: %s taken off after %d of its prompt tokens were computed here (%s)", req.rid,
+                           wasted, code.value)
         reason = _abort_reason(code)
         if req in self._running():
             req.to_finish = reason  # SGLang's abort of a running request: ends after its next forward pass

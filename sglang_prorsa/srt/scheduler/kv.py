@@ -152,6 +152,7 @@ class KVSide:
 
         if not msg.hold_for_rid or not tokens:
             return False
+        self.counters.expect_resume(msg.hold_for_rid)
         self.release_hold(msg.hold_for_rid)
         tree = self.s.tree_cache
         node = tree.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens)))).last_device_node

@@ -103,3 +103,17 @@ def test_budget_exhausted_at_the_move_finishes_without_a_continuation():
     st = Stitcher("r", Kept(prompt_tokens=3, ids=[0, 1]), Shape(False, False), decode)
     out = st.final_without_continuation({"type": "length", "length": 2})
     assert out["output_ids"] == [0, 1] and out["meta_info"]["completion_tokens"] == 2 and st.finished
+
+
+def test_moves_of_an_attempt_that_moved_again_are_listed_after_it_in_order():
+    first = {"from_instance": "2", "rid": "a1", "kv_tokens": 10}
+    second = {"from_instance": "2", "rid": "a2", "kv_tokens": 10}
+    st = Stitcher("orig", Kept(prompt_tokens=5, ids=[0]), Shape(stream=False, incremental=False), decode,
+                  migrations=[first, second])
+    # The second attempt's decode instance switched too and continued it (twice): it reports those moves, flat.
+    nested = [{"from_instance": "3", "rid": "b1"}, {"from_instance": "1", "rid": "b2"}]
+    second["then"] = nested
+    out = st.update(cont([1], finish={"type": "stop"}, prorsa={"migrations": nested}))
+    moves = out["meta_info"]["prorsa"]["migrations"]
+    assert [m["rid"] for m in moves] == ["a1", "a2", "b1", "b2"]
+    assert all("then" not in m for m in moves)
