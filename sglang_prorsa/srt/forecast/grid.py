@@ -24,10 +24,12 @@ the grid (integer seconds, h = 10 s) the values equal the exact product-limit on
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import numpy as np
 
+_sum = np.add.reduce  # ndarray.sum without its Python wrapper (the same pairwise sum)
 MAX_GRID_POINTS = 1 << 14  # durations beyond 16384 * dt (~34 min at S = 10 s) are treated as that long
 
 
@@ -108,8 +110,27 @@ class GridCurve:
         mean = float(completed.mean()) if completed.size else (tail_mean_s or 1.0)
         return cls(ev, ce, dt, mean if tail_mean_s is None else tail_mean_s)
 
+    @classmethod
+    def from_survival(cls, surv: np.ndarray, last: int, dt: float, tail_mean_s: float) -> "GridCurve":
+        """A curve whose survival S[0..last] is already computed (``CurveHistory.curve``)."""
+        curve = cls.__new__(cls)
+        curve.dt, curve.tail_mean_s, curve.last, curve.surv = float(dt), max(float(tail_mean_s), 1e-9), last, surv
+        return curve
+
     def extended(self, length: int) -> np.ndarray:
-        """S[0:length], continued past the last completion by the exponential tail."""
+        """S[0:length], continued past the last completion by the exponential tail (read it, don't write it).
+
+        A refresh extends one curve several times (its chain tables, the CDF of a following phase); the longest
+        extension is kept and shorter ones are views of it: each entry is computed on its own, so a prefix of a
+        longer extension holds the same numbers."""
+        ext = self.__dict__.get("_ext")
+        if ext is not None and ext.size >= length:
+            return ext[:length]
+        out = self._extend(length)
+        self._ext = out
+        return out
+
+    def _extend(self, length: int) -> np.ndarray:
         out = np.empty(length)
         n = min(length, self.surv.size)
         out[:n] = self.surv[:n]
@@ -122,6 +143,62 @@ class GridCurve:
     def cdf_from_start(self, bins: int) -> np.ndarray:
         """F[m] = P(A at or before grid point m), m = 0..bins-1 (the unconditional CDF, for a following phase)."""
         return 1.0 - self.extended(bins)
+
+
+class CurveHistory:
+    """What a class's curves (stores.py: the cohort spliced with the complete sample) take from its history, computed
+    once per history (kept until the class records again) instead of once per refresh: the cohort's at-risk counts
+    (suffix sums of its histograms), the grid points with a cohort completion, and the complete sample's hazard.
+
+    ``curve`` adds the live items' at-risk counts and returns the same curve as ``GridCurve(events, censored + live,
+    ..., late_events=, late_censored=, splice_at=)``: the histograms hold counts (whole numbers), so at-risk counts
+    summed in another order are the same numbers, and the hazard and survival are computed from them as there."""
+
+    def __init__(self, events: np.ndarray, censored: np.ndarray, late_events: np.ndarray,
+                 late_censored: np.ndarray) -> None:
+        self.events = events
+        total = np.zeros(max(events.size, censored.size))
+        total[:events.size] = events
+        total[:censored.size] += censored
+        self.risk = np.cumsum(total[::-1])[::-1]
+        self.event_points = np.flatnonzero(events).tolist()
+        nz = np.flatnonzero(late_events)
+        self.late_last = int(nz[-1]) if nz.size else -1
+        self.late_hazard = _hazard(late_events, late_censored, max(late_events.size, late_censored.size))
+
+    def curve(self, live: np.ndarray | None, splice_at: int | None, dt: float, tail_mean_s: float) -> GridCurve:
+        """The curve with ``live`` (a histogram of the live items' censoring points) censored too; beyond grid point
+        ``splice_at`` (None: nowhere) the complete sample's hazard, and no live items."""
+        points = self.event_points
+        if splice_at is None:
+            last = points[-1] if points else -1
+        elif self.late_last > splice_at:
+            last = self.late_last
+        else:  # the last cohort completion at or before the splice
+            i = bisect.bisect_right(points, splice_at)
+            last = points[i - 1] if i else -1
+        n = last + 1
+        if n == 0:
+            return GridCurve.from_survival(np.empty(0), -1, dt, tail_mean_s)
+        at_risk = np.zeros(n)
+        m = min(n, self.risk.size)
+        at_risk[:m] = self.risk[:m]
+        if live is not None:
+            if splice_at is not None:
+                live = live[:splice_at + 1]
+            if live.size:
+                m = min(n, live.size)
+                at_risk[:m] += np.cumsum(live[::-1])[::-1][:m]
+        events = self.events
+        if events.size < n:
+            events = np.concatenate((events, np.zeros(n - events.size)))
+        hazard = events[:n] / np.maximum(at_risk, 1.0)
+        if splice_at is not None and splice_at + 1 < n:
+            late = self.late_hazard
+            m = max(min(n, late.size), splice_at + 1)
+            hazard[splice_at + 1:m] = late[splice_at + 1:m]
+            hazard[m:] = 0.0  # beyond the complete sample's histograms: no completion, nobody at risk
+        return GridCurve.from_survival(np.cumprod(1.0 - hazard), last, dt, tail_mean_s)
 
 
 class ChainTable:
@@ -209,19 +286,33 @@ def _tails(curve: GridCurve, horizons, bins: list[int], then_cdf) -> list[tuple 
             t = 1.0 - math.exp(-h_s / curve.tail_mean_s)
             out.append((t, t, None) if h > 0 else None)
         return out
-    top = max(bins)
-    tail_s = np.exp(-(curve.dt / curve.tail_mean_s) * np.arange(top + 1))  # an exponential from the current point
-    tail_p = tail_s[:-1] - tail_s[1:]  # mass at points 1..H
+    tail_p = _tail_mass(curve.dt, curve.tail_mean_s, max(bins))
     out = []
     for h in bins:
         if h <= 0:
             out.append(None)
             continue
         w_short, w_long = _window_weights(then_cdf, h)
-        t_short = float((tail_p[: h - 1] * w_short).sum()) if h >= 2 else 0.0
-        t_long = float((tail_p[:h] * w_long).sum())
+        t_short = float(_sum(tail_p[: h - 1] * w_short)) if h >= 2 else 0.0
+        t_long = float(_sum(tail_p[:h] * w_long))
         out.append((t_short, t_long, (w_short, w_long)))
     return out
+
+
+_TAIL_MASS: dict[tuple[float, float, int], np.ndarray] = {}  # a few entries per class mean (bounded below)
+
+
+def _tail_mass(dt: float, tail_mean_s: float, top: int) -> np.ndarray:
+    """Mass at grid points 1..top of an exponential tail from the current point. It depends only on the class's mean
+    (which changes only when the class records), so it is kept between refreshes (read it, don't write it)."""
+    key = (dt, tail_mean_s, top)
+    tail_p = _TAIL_MASS.get(key)
+    if tail_p is None:
+        if len(_TAIL_MASS) >= 1024:
+            _TAIL_MASS.clear()
+        tail_s = np.exp(-(dt / tail_mean_s) * np.arange(top + 1))
+        tail_p = _TAIL_MASS[key] = tail_s[:-1] - tail_s[1:]
+    return tail_p
 
 
 def _window_weights(then_cdf: np.ndarray, h: int) -> tuple[np.ndarray, np.ndarray]:

@@ -209,8 +209,9 @@ class WorkloadPredictor:
         inflight, queued = snap.members(TrajState.PREFILL), snap.members(TrajState.READY)
         x_in, x_q = snap.prompt[inflight].clip(0), snap.prompt[queued].clip(0)
         inst_in, inst_q = snap.instance[inflight].astype(np.int64), snap.instance[queued].astype(np.int64)
-        known = np.unique(np.concatenate((inst_in[inst_in >= 0], inst_q[inst_q >= 0])))
-        pool = max(len(cfg.prefill_instances), known.size, 1)
+        ids = np.concatenate((inst_in[inst_in >= 0], inst_q[inst_q >= 0]))
+        known = int(np.count_nonzero(np.bincount(ids))) if ids.size else 0  # distinct ids (small ints): no sort
+        pool = max(len(cfg.prefill_instances), known, 1)
         obs = observed_admissions(now, horizon, pool, x_in, g(x_in), snap.entered[inflight] + snap.engine_shift,
                                   inst_in, x_q, g(x_q), snap.entered[queued] + snap.engine_shift, inst_q, kv)
         x_new = np.array([st.new_sample_prompt(t) for t in range(snap.radix["task"])])

@@ -65,7 +65,7 @@ class Snapshot:
     WHOLE = frozenset({"entered", "prompt", "next_prompt", "task"})
     # used as indices into small tables: gathered as int64 (numpy gathers several times faster by int64 indices than
     # by the columns' int32, which it converts element by element)
-    INDEX = frozenset({"task", "tool", "turn", "group", "instance"})
+    INDEX = frozenset({"task", "tool", "group", "instance"})  # (turn: only added to an int64 code, terms.py)
 
     def __init__(self, now: float, engine_shift: float, columns, radix: dict) -> None:
         self.now = now
