@@ -286,7 +286,7 @@ class WorkloadPredictor:
             generated = speed.take(snap.task[idx])
             generated *= snap.elapsed(idx, engine=True)
             tokens += np.floor(generated, out=generated)
-        return float(self._kv.many(tokens).sum())
+        return float(self._kv.many(tokens, overwrite=True).sum())  # tokens: our own array, >= 0
 
     def _sampler_summary(self, snap: Snapshot, horizon: float, dt: float, sums) -> SamplerForecast:
         """B.2's diagnostics: N_pass over S (Eq. 3), launches, and the new-sample arrivals the forecast counts."""

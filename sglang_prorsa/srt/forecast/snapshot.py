@@ -148,14 +148,24 @@ def state_order(state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     shift = max(n - 1, 1).bit_length()
     levels = len(STATE_CODES) + 1  # FREE and the states
     dtype = np.int32 if levels << shift < 1 << 31 else np.int64
-    key = state.astype(dtype)
-    key <<= shift
-    key |= np.arange(n, dtype=dtype)
+    key = np.left_shift(state, shift, dtype=dtype)  # cast and shift in one pass
+    key |= _slots(n, dtype)
     key.sort()
     ends = np.searchsorted(key, np.arange(levels, dtype=dtype) << shift)  # keys below (code + 1) << shift
-    order = key.astype(np.int64)  # numpy gathers faster by int64 positions than by int32 ones
-    order &= (1 << shift) - 1  # the slot numbers
+    # the slot numbers, as int64 (numpy gathers faster by int64 positions than by int32 ones): cast and mask in one pass
+    order = np.bitwise_and(key, (1 << shift) - 1, dtype=np.int64)
     return order, ends
+
+
+_SLOTS: list = [None]  # the last slot numbers (the columns' capacity changes rarely): one array, bounded
+
+
+def _slots(n: int, dtype) -> np.ndarray:
+    """np.arange(n, dtype=dtype), kept between refreshes (read it, don't write it)."""
+    slots = _SLOTS[0]
+    if slots is None or slots.size != n or slots.dtype != dtype:
+        slots = _SLOTS[0] = np.arange(n, dtype=dtype)
+    return slots
 
 
 class _SortedColumn:

@@ -122,8 +122,8 @@ class ArrivalTerms:
             out = self._growth.take(task)
         prompt = s.prompt[idx]
         out += prompt  # prompt + growth, into the gathered array
-        unknown = prompt < 0  # no request seen yet: a new sample's first prompt
-        if unknown.any():
+        if prompt.size and prompt.min() < 0:  # a min pass: no mask unless some request was not seen yet
+            unknown = prompt < 0  # no request seen yet: a new sample's first prompt
             out[unknown] = self.x_new[task[unknown]]
         if s.hinted:  # the trainer's estimate
             hint = s.next_prompt[idx]
