@@ -25,8 +25,9 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from sglang_prorsa.srt.forecast.grid import (GridCurve, MAX_GRID_POINTS, CurveHistory, censor_bins, chain_windows,
-                                             event_bins, window_points)
+from sglang_prorsa.srt.forecast.curve_history import CurveHistory
+from sglang_prorsa.srt.forecast.grid import (GridCurve, MAX_GRID_POINTS, censor_bins, chain_windows, event_bins,
+                                             window_points)
 
 MAX_CLASSES = 4096
 _sum = np.add.reduce  # ndarray.sum without its Python wrapper (the same pairwise sum)

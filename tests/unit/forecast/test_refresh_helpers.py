@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from sglang_prorsa.srt.forecast.admissions import arrival_order
-from sglang_prorsa.srt.forecast.grid import CurveHistory, GridCurve, chain_tables, chain_windows
+from sglang_prorsa.srt.forecast.curve_history import CurveHistory
+from sglang_prorsa.srt.forecast.grid import GridCurve, chain_tables, chain_windows
 from sglang_prorsa.srt.forecast.profile import KVFootprint
 from sglang_prorsa.srt.forecast.snapshot import state_order
 from sglang_prorsa.srt.forecast.stores import DurationStore
