@@ -281,11 +281,14 @@ class WorkloadPredictor:
         if not Snapshot.count(idx):
             return 0.0
         speed = np.array([self.stats.decode_tokens_per_s(t) for t in range(snap.radix["task"])])
-        tokens = np.maximum(snap.prompt[idx], 0.0)
+        prompt = snap.prompt[idx]
         if speed.any():  # the engine reports output tokens: add what the running decodes generated so far
-            generated = speed.take(snap.task[idx])
-            generated *= snap.elapsed(idx, engine=True)
-            tokens += np.floor(generated, out=generated)
+            tokens = speed.take(snap.task[idx])
+            tokens *= snap.elapsed(idx, engine=True)
+            np.floor(tokens, out=tokens)
+            tokens += prompt if prompt.min() >= 0 else np.maximum(prompt, 0.0)  # a min pass spares the clip
+        else:
+            tokens = np.maximum(prompt, 0.0)
         return float(self._kv.many(tokens, overwrite=True).sum())  # tokens: our own array, >= 0
 
     def _sampler_summary(self, snap: Snapshot, horizon: float, dt: float, sums) -> SamplerForecast:

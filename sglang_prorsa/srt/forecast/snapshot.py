@@ -119,7 +119,8 @@ class Snapshot:
         if out is None:
             now = self.now - self.engine_shift if engine else self.now
             out = np.subtract(now, (self.entered if since is None else since)[idx])
-            np.maximum(out, 0.0, out=out)
+            if out.size and out.min() < 0:  # a min pass; the clip pass only when some item started after now
+                np.maximum(out, 0.0, out=out)
             if key is not None:
                 self._elapsed[key] = out
         return out

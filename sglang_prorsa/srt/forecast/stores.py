@@ -469,9 +469,9 @@ class Fitted:
 
     def expected(self, res: np.ndarray | None, elapsed: np.ndarray, horizons: Sequence[float],
                  then: Callable[[Key], np.ndarray | None] | None, weights: Sequence[np.ndarray | None],
-                 ) -> list[list[float]]:
-        """sum_i q_i(h) * weight_i for each weight (None: 1) and each horizon h: ``out[weight][horizon]``
-        (``res`` and ``elapsed`` as for ``probabilities``).
+                 scale: np.ndarray | None = None) -> list[list[float]]:
+        """sum_i q_i(h) * s_i * weight_i for each weight (None: 1) and each horizon h: ``out[weight][horizon]``
+        (``res`` and ``elapsed`` as for ``probabilities``; s: ``scale``, per item, None: 1).
 
         The same numbers as summing ``probabilities`` times the weights, in one of two ways (equal up to the order
         of the additions): with q_i = qs[c_i] + w_i (ql[c_i] - qs[c_i]) for item i in cell c_i,
@@ -487,13 +487,17 @@ class Fitted:
         tables = self._tables(items, horizons, then)
         w, cell, size = items.weight(), items.cell, items.size
         windowed = [table for table in tables if table is not None]
-        if len(windowed) == 1 and any(weight is not None for weight in weights):
+        if len(windowed) == 1 and (scale is not None or any(weight is not None for weight in weights)):
             q_short, q_diff = windowed[0]
             q = q_diff.take(cell)
             q *= w
             q += q_short.take(cell)  # q_i, as ``probabilities`` computes it
+            if scale is not None:
+                q *= scale  # s_i q_i, once for all weights
             sums = [float(_sum(q if weight is None else q * weight)) for weight in weights]
             return [[0.0 if table is None else total for table in tables] for total in sums]
+        if scale is not None:  # per cell: the scaled weights summed (as the callers passed them before ``scale``)
+            weights = [scale if weight is None else scale * weight for weight in weights]
         out = []
         for weight in weights:
             if weight is None and items.cell_counts is not None:  # the censoring histogram counted them

@@ -178,7 +178,7 @@ class ArrivalTerms:
         """Add sum_i s_i q_i x_i and sum_i s_i q_i over S and h* (s: ``scale``, per item or one number; ``res``: the
         items' classes in ``fitted``, None for the fit's own items)."""
         if isinstance(scale, np.ndarray):
-            tokens, requests = fitted.expected(res, elapsed, (self.S, self.h), then, (scale * x, scale))
+            tokens, requests = fitted.expected(res, elapsed, (self.S, self.h), then, (x, None), scale=scale)
         else:
             tokens, requests = fitted.expected(res, elapsed, (self.S, self.h), then, (x, None))
             if scale is not None:

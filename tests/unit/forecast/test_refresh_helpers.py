@@ -88,6 +88,11 @@ def test_store_look_ups_and_sums_match_the_tables_item_by_item(now, radix, horiz
         tokens, requests = store.fit(ids, radix, elapsed, DT, now).expected(None, elapsed, horizons, then, (x, None))
         assert tokens == pytest.approx([float((w * x).sum()) for w in want], rel=1e-12, abs=1e-12)
         assert requests == pytest.approx([float(w.sum()) for w in want], rel=1e-12, abs=1e-12)
+        scale = rng.uniform(0, 1, n)  # a per-item factor (decode-return: P(the response calls a tool))
+        fitted = store.fit(ids, radix, elapsed, DT, now)
+        tokens, requests = fitted.expected(None, elapsed, horizons, then, (x, None), scale=scale)
+        assert tokens == pytest.approx([float((w * scale * x).sum()) for w in want], rel=1e-12, abs=1e-12)
+        assert requests == pytest.approx([float((w * scale).sum()) for w in want], rel=1e-12, abs=1e-12)
 
 
 def test_kv_footprint_of_many_is_the_scalar_one():
