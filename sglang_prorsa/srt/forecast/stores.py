@@ -408,10 +408,15 @@ class GridItems:
         if self._weight is None:
             w = np.subtract(self._x, self._floor, out=self._x)
             w -= 1e-9
-            off_grid = w > 1e-9
+            # items exactly on a grid point are rare (elapsed times are differences of float timestamps): a min pass
+            # finds whether there are any; only then a mask (a multiply by it, not a masked store: when many items
+            # are on the grid the mask is irregular and the store branches on it)
+            on_grid = w.size and w.min() <= 1e-9
+            off_grid = w > 1e-9 if on_grid else None
             w += 0.5
             np.minimum(w, 1.0, out=w)
-            w *= off_grid  # a multiply, not a masked store: the mask is irregular and the store branches on it
+            if off_grid is not None:
+                w *= off_grid
             self._weight, self._x, self._floor = w, None, None
         return self._weight
 
