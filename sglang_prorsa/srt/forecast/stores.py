@@ -91,7 +91,7 @@ class DurationClass:
         return self._hist[1:]
 
     def curve_history(self, dt: float) -> CurveHistory:
-        """The history's part of this class's curves (grid.py), kept until the class records again."""
+        """The history's part of this class's curves (curve_history.py), kept until the class records again."""
         if self._curves is None or self._curves[0] != dt:
             self._curves = (dt, CurveHistory(*self.histograms(dt)), None)
         return self._curves[1]
