@@ -28,6 +28,7 @@ import math
 
 import numpy as np
 
+_sum = np.add.reduce  # ndarray.sum without its Python wrapper (the same pairwise sum)
 MAX_GRID_POINTS = 1 << 14  # durations beyond 16384 * dt (~34 min at S = 10 s) are treated as that long
 
 
@@ -49,7 +50,7 @@ def censor_bins(durations: np.ndarray, dt: float) -> np.ndarray:
     return np.minimum(np.floor(np.asarray(durations, np.float64) / dt + 1e-9), MAX_GRID_POINTS - 1).astype(np.int64)
 
 
-def _hazard(events: np.ndarray, censored: np.ndarray, n: int) -> np.ndarray:
+def product_limit_hazard(events: np.ndarray, censored: np.ndarray, n: int) -> np.ndarray:
     """Product-limit hazard d_k / n_k at grid points 0..n-1 (censored beyond n-1: at risk everywhere up to it).
 
     n_k counts every duration at or beyond point k: a suffix sum over both histograms, those beyond n-1 included.
@@ -94,9 +95,10 @@ class GridCurve:
         if n == 0:
             self.surv = np.empty(0)
             return
-        hazard = _hazard(events, censored, n)
+        hazard = product_limit_hazard(events, censored, n)
         if late_events is not None and splice_at is not None and splice_at + 1 < n:
-            late_h = _hazard(late_events, np.asarray(late_censored if late_censored is not None else [], np.float64), n)
+            late_c = np.asarray(late_censored if late_censored is not None else [], np.float64)
+            late_h = product_limit_hazard(late_events, late_c, n)
             hazard[splice_at + 1:] = late_h[splice_at + 1:]
         self.surv = np.cumprod(1.0 - hazard)
 
@@ -108,8 +110,27 @@ class GridCurve:
         mean = float(completed.mean()) if completed.size else (tail_mean_s or 1.0)
         return cls(ev, ce, dt, mean if tail_mean_s is None else tail_mean_s)
 
+    @classmethod
+    def from_survival(cls, surv: np.ndarray, last: int, dt: float, tail_mean_s: float) -> "GridCurve":
+        """A curve whose survival S[0..last] is already computed (``CurveHistory.curve``)."""
+        curve = cls.__new__(cls)
+        curve.dt, curve.tail_mean_s, curve.last, curve.surv = float(dt), max(float(tail_mean_s), 1e-9), last, surv
+        return curve
+
     def extended(self, length: int) -> np.ndarray:
-        """S[0:length], continued past the last completion by the exponential tail."""
+        """S[0:length], continued past the last completion by the exponential tail (read it, don't write it).
+
+        A refresh extends one curve several times (its chain tables, the CDF of a following phase); the longest
+        extension is kept and shorter ones are views of it: each entry is computed on its own, so a prefix of a
+        longer extension holds the same numbers."""
+        ext = self.__dict__.get("_ext")
+        if ext is not None and ext.size >= length:
+            return ext[:length]
+        out = self._extend(length)
+        self._ext = out
+        return out
+
+    def _extend(self, length: int) -> np.ndarray:
         out = np.empty(length)
         n = min(length, self.surv.size)
         out[:n] = self.surv[:n]
@@ -209,19 +230,33 @@ def _tails(curve: GridCurve, horizons, bins: list[int], then_cdf) -> list[tuple 
             t = 1.0 - math.exp(-h_s / curve.tail_mean_s)
             out.append((t, t, None) if h > 0 else None)
         return out
-    top = max(bins)
-    tail_s = np.exp(-(curve.dt / curve.tail_mean_s) * np.arange(top + 1))  # an exponential from the current point
-    tail_p = tail_s[:-1] - tail_s[1:]  # mass at points 1..H
+    tail_p = _tail_mass(curve.dt, curve.tail_mean_s, max(bins))
     out = []
     for h in bins:
         if h <= 0:
             out.append(None)
             continue
         w_short, w_long = _window_weights(then_cdf, h)
-        t_short = float((tail_p[: h - 1] * w_short).sum()) if h >= 2 else 0.0
-        t_long = float((tail_p[:h] * w_long).sum())
+        t_short = float(_sum(tail_p[: h - 1] * w_short)) if h >= 2 else 0.0
+        t_long = float(_sum(tail_p[:h] * w_long))
         out.append((t_short, t_long, (w_short, w_long)))
     return out
+
+
+_TAIL_MASS: dict[tuple[float, float, int], np.ndarray] = {}  # a few entries per class mean (bounded below)
+
+
+def _tail_mass(dt: float, tail_mean_s: float, top: int) -> np.ndarray:
+    """Mass at grid points 1..top of an exponential tail from the current point. It depends only on the class's mean
+    (which changes only when the class records), so it is kept between refreshes (read it, don't write it)."""
+    key = (dt, tail_mean_s, top)
+    tail_p = _TAIL_MASS.get(key)
+    if tail_p is None:
+        if len(_TAIL_MASS) >= 1024:
+            _TAIL_MASS.clear()
+        tail_s = np.exp(-(dt / tail_mean_s) * np.arange(top + 1))
+        tail_p = _TAIL_MASS[key] = tail_s[:-1] - tail_s[1:]
+    return tail_p
 
 
 def _window_weights(then_cdf: np.ndarray, h: int) -> tuple[np.ndarray, np.ndarray]:

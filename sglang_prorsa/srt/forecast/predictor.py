@@ -209,8 +209,9 @@ class WorkloadPredictor:
         inflight, queued = snap.members(TrajState.PREFILL), snap.members(TrajState.READY)
         x_in, x_q = snap.prompt[inflight].clip(0), snap.prompt[queued].clip(0)
         inst_in, inst_q = snap.instance[inflight].astype(np.int64), snap.instance[queued].astype(np.int64)
-        known = np.unique(np.concatenate((inst_in[inst_in >= 0], inst_q[inst_q >= 0])))
-        pool = max(len(cfg.prefill_instances), known.size, 1)
+        ids = np.concatenate((inst_in[inst_in >= 0], inst_q[inst_q >= 0]))
+        known = int(np.count_nonzero(np.bincount(ids))) if ids.size else 0  # distinct ids (small ints): no sort
+        pool = max(len(cfg.prefill_instances), known, 1)
         obs = observed_admissions(now, horizon, pool, x_in, g(x_in), snap.entered[inflight] + snap.engine_shift,
                                   inst_in, x_q, g(x_q), snap.entered[queued] + snap.engine_shift, inst_q, kv)
         x_new = np.array([st.new_sample_prompt(t) for t in range(snap.radix["task"])])
@@ -280,12 +281,15 @@ class WorkloadPredictor:
         if not Snapshot.count(idx):
             return 0.0
         speed = np.array([self.stats.decode_tokens_per_s(t) for t in range(snap.radix["task"])])
-        tokens = np.maximum(snap.prompt[idx], 0.0)
+        prompt = snap.prompt[idx]
         if speed.any():  # the engine reports output tokens: add what the running decodes generated so far
-            generated = speed.take(snap.task[idx])
-            generated *= snap.elapsed(idx, engine=True)
-            tokens += np.floor(generated, out=generated)
-        return float(self._kv.many(tokens).sum())
+            tokens = speed.take(snap.task[idx])
+            tokens *= snap.elapsed(idx, engine=True)
+            np.floor(tokens, out=tokens)
+            tokens += prompt if prompt.min() >= 0 else np.maximum(prompt, 0.0)  # a min pass spares the clip
+        else:
+            tokens = np.maximum(prompt, 0.0)
+        return float(self._kv.many(tokens, overwrite=True).sum())  # tokens: our own array, >= 0
 
     def _sampler_summary(self, snap: Snapshot, horizon: float, dt: float, sums) -> SamplerForecast:
         """B.2's diagnostics: N_pass over S (Eq. 3), launches, and the new-sample arrivals the forecast counts."""

@@ -79,8 +79,10 @@ class KVFootprint:
         """kappa_D(x) in KV token slots."""
         return float(math.ceil(max(0.0, float(tokens)) / self.page_size) * self.page_size)
 
-    def many(self, tokens: np.ndarray) -> np.ndarray:
-        x = np.maximum(np.asarray(tokens, np.float64), 0.0)
+    def many(self, tokens: np.ndarray, *, overwrite: bool = False) -> np.ndarray:
+        """kappa_D of each length; ``overwrite``: ``tokens`` is a float64 array of lengths >= 0 that the caller no
+        longer needs, computed in place (no copy)."""
+        x = tokens if overwrite else np.maximum(np.asarray(tokens, np.float64), 0.0)
         if self.page_size == 1:  # x / 1 and x * 1 are exact: the same numbers, two passes fewer
             return np.ceil(x, out=x)
         x /= self.page_size

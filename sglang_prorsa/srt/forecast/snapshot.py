@@ -65,7 +65,7 @@ class Snapshot:
     WHOLE = frozenset({"entered", "prompt", "next_prompt", "task"})
     # used as indices into small tables: gathered as int64 (numpy gathers several times faster by int64 indices than
     # by the columns' int32, which it converts element by element)
-    INDEX = frozenset({"task", "tool", "turn", "group", "instance"})
+    INDEX = frozenset({"task", "tool", "group", "instance"})  # (turn: only added to an int64 code, terms.py)
 
     def __init__(self, now: float, engine_shift: float, columns, radix: dict) -> None:
         self.now = now
@@ -119,7 +119,8 @@ class Snapshot:
         if out is None:
             now = self.now - self.engine_shift if engine else self.now
             out = np.subtract(now, (self.entered if since is None else since)[idx])
-            np.maximum(out, 0.0, out=out)
+            if out.size and out.min() < 0:  # a min pass; the clip pass only when some item started after now
+                np.maximum(out, 0.0, out=out)
             if key is not None:
                 self._elapsed[key] = out
         return out
@@ -148,14 +149,24 @@ def state_order(state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     shift = max(n - 1, 1).bit_length()
     levels = len(STATE_CODES) + 1  # FREE and the states
     dtype = np.int32 if levels << shift < 1 << 31 else np.int64
-    key = state.astype(dtype)
-    key <<= shift
-    key |= np.arange(n, dtype=dtype)
+    key = np.left_shift(state, shift, dtype=dtype)  # cast and shift in one pass
+    key |= _slots(n, dtype)
     key.sort()
     ends = np.searchsorted(key, np.arange(levels, dtype=dtype) << shift)  # keys below (code + 1) << shift
-    order = key.astype(np.int64)  # numpy gathers faster by int64 positions than by int32 ones
-    order &= (1 << shift) - 1  # the slot numbers
+    # the slot numbers, as int64 (numpy gathers faster by int64 positions than by int32 ones): cast and mask in one pass
+    order = np.bitwise_and(key, (1 << shift) - 1, dtype=np.int64)
     return order, ends
+
+
+_SLOTS: list = [None]  # the last slot numbers (the columns' capacity changes rarely): one array, bounded
+
+
+def _slots(n: int, dtype) -> np.ndarray:
+    """np.arange(n, dtype=dtype), kept between refreshes (read it, don't write it)."""
+    slots = _SLOTS[0]
+    if slots is None or slots.size != n or slots.dtype != dtype:
+        slots = _SLOTS[0] = np.arange(n, dtype=dtype)
+    return slots
 
 
 class _SortedColumn:

@@ -25,6 +25,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from sglang_prorsa.srt.forecast.curve_history import CurveHistory
 from sglang_prorsa.srt.forecast.grid import (GridCurve, MAX_GRID_POINTS, censor_bins, chain_windows, event_bins,
                                              window_points)
 
@@ -45,7 +46,7 @@ class DurationClass:
     recent completions has the duration distribution in steady state; running items must not be added to it, they
     would count the long durations twice)."""
 
-    __slots__ = ("completed", "starts", "censored", "censored_starts", "evicted_start", "_sum", "_hist")
+    __slots__ = ("completed", "starts", "censored", "censored_starts", "evicted_start", "_sum", "_hist", "_curves")
 
     def __init__(self, history: int) -> None:
         self.completed: deque[float] = deque(maxlen=history)
@@ -55,6 +56,7 @@ class DurationClass:
         self.evicted_start = -math.inf  # the cohort is what started after this
         self._sum = 0.0
         self._hist: tuple | None = None  # (dt, histograms), rebuilt when dirty
+        self._curves: tuple | None = None  # (dt, CurveHistory, complete-sample curve or None), likewise
 
     def record(self, duration: float, completed: bool, end: float = 0.0) -> None:
         values, starts = (self.completed, self.starts) if completed else (self.censored, self.censored_starts)
@@ -66,7 +68,7 @@ class DurationClass:
         starts.append(end - duration)
         if completed:
             self._sum += duration
-        self._hist = None
+        self._hist = self._curves = None
 
     @property
     def count(self) -> int:
@@ -88,14 +90,21 @@ class DurationClass:
                           hist(done, event_bins), hist(cens, censor_bins))
         return self._hist[1:]
 
+    def curve_history(self, dt: float) -> CurveHistory:
+        """The history's part of this class's curves (curve_history.py), kept until the class records again."""
+        if self._curves is None or self._curves[0] != dt:
+            self._curves = (dt, CurveHistory(*self.histograms(dt)), None)
+        return self._curves[1]
 
-def _add(a: np.ndarray, b: np.ndarray | None) -> np.ndarray:
-    if b is None or not b.size:
-        return a
-    out = np.zeros(max(a.size, b.size))
-    out[: a.size] += a
-    out[: b.size] += b
-    return out
+    def complete_curve(self, dt: float) -> GridCurve:
+        """The complete sample's curve (no live items censored), kept until the class records again."""
+        history = self.curve_history(dt)
+        curve = self._curves[2]
+        if curve is None:
+            _, _, ev_all, ce_all = self.histograms(dt)
+            curve = GridCurve(ev_all, ce_all, dt, self.mean)
+            self._curves = (dt, history, curve)
+        return curve
 
 
 class DurationStore:
@@ -184,16 +193,13 @@ class DurationStore:
         cls = self.classes.get(key)
         if cls is None or not cls.count:
             return GridCurve(np.zeros(1), np.zeros(1), dt, self.prior(key))
-        ev_c, ce_c, ev_all, ce_all = cls.histograms(dt)
         if now is None:
-            return GridCurve(ev_all, ce_all, dt, cls.mean)
+            return cls.complete_curve(dt)
+        history = cls.curve_history(dt)
         age = now - cls.evicted_start
         if not math.isfinite(age):  # nothing evicted: the history holds every completion, the cohort is everything
-            return GridCurve(ev_c, _add(ce_c, live_censored), dt, cls.mean)
-        splice = int(max(0.0, age) / dt)
-        live = None if live_censored is None else live_censored[: splice + 1]
-        return GridCurve(ev_c, _add(ce_c, live), dt, cls.mean, late_events=ev_all, late_censored=ce_all,
-                         splice_at=splice)
+            return history.curve(live_censored, None, dt, cls.mean)
+        return history.curve(live_censored, int(max(0.0, age) / dt), dt, cls.mean)
 
     # ----- refresh (vectorised over the live trajectories of one state) -----
     def resolve(self, ids: Mapping[str, np.ndarray], radix: Mapping[str, int], n: int | None = None,
@@ -402,10 +408,15 @@ class GridItems:
         if self._weight is None:
             w = np.subtract(self._x, self._floor, out=self._x)
             w -= 1e-9
-            off_grid = w > 1e-9
+            # items exactly on a grid point are rare (elapsed times are differences of float timestamps): a min pass
+            # finds whether there are any; only then a mask (a multiply by it, not a masked store: when many items
+            # are on the grid the mask is irregular and the store branches on it)
+            on_grid = w.size and w.min() <= 1e-9
+            off_grid = w > 1e-9 if on_grid else None
             w += 0.5
             np.minimum(w, 1.0, out=w)
-            w *= off_grid  # a multiply, not a masked store: the mask is irregular and the store branches on it
+            if off_grid is not None:
+                w *= off_grid
             self._weight, self._x, self._floor = w, None, None
         return self._weight
 
@@ -463,19 +474,35 @@ class Fitted:
 
     def expected(self, res: np.ndarray | None, elapsed: np.ndarray, horizons: Sequence[float],
                  then: Callable[[Key], np.ndarray | None] | None, weights: Sequence[np.ndarray | None],
-                 ) -> list[list[float]]:
-        """sum_i q_i(h) * weight_i for each weight (None: 1) and each horizon h: ``out[weight][horizon]``
-        (``res`` and ``elapsed`` as for ``probabilities``).
+                 scale: np.ndarray | None = None) -> list[list[float]]:
+        """sum_i q_i(h) * s_i * weight_i for each weight (None: 1) and each horizon h: ``out[weight][horizon]``
+        (``res`` and ``elapsed`` as for ``probabilities``; s: ``scale``, per item, None: 1).
 
-        The same numbers as summing ``probabilities`` times the weights, without the per-item q: with
-        q_i = qs[c_i] + w_i (ql[c_i] - qs[c_i]) for item i in cell c_i, the sum is qs . A + (ql - qs) . B where A and
-        B are the weights (and the weights times w) summed per cell (two bincounts per weight, shared by all
-        horizons)."""
+        The same numbers as summing ``probabilities`` times the weights, in one of two ways (equal up to the order
+        of the additions): with q_i = qs[c_i] + w_i (ql[c_i] - qs[c_i]) for item i in cell c_i,
+
+        * per cell: the sum is qs . A + (ql - qs) . B where A and B are the weights (and the weights times w) summed
+          per cell (two bincounts per weight, shared by all horizons);
+        * per item, when one horizon has a window and some weight is an array: q_i gathered from the small table
+          once (two gathers), then one product and one sum per weight. A bincount scatters, several times the cost
+          of an elementwise pass; the per-cell way needs two per array weight, the per-item way none."""
         if not elapsed.size:
             return [[0.0 for _ in horizons] for _ in weights]
         items = self._items(res, elapsed)
         tables = self._tables(items, horizons, then)
         w, cell, size = items.weight(), items.cell, items.size
+        windowed = [table for table in tables if table is not None]
+        if len(windowed) == 1 and (scale is not None or any(weight is not None for weight in weights)):
+            q_short, q_diff = windowed[0]
+            q = q_diff.take(cell)
+            q *= w
+            q += q_short.take(cell)  # q_i, as ``probabilities`` computes it
+            if scale is not None:
+                q *= scale  # s_i q_i, once for all weights
+            sums = [float(_sum(q if weight is None else q * weight)) for weight in weights]
+            return [[0.0 if table is None else total for table in tables] for total in sums]
+        if scale is not None:  # per cell: the scaled weights summed (as the callers passed them before ``scale``)
+            weights = [scale if weight is None else scale * weight for weight in weights]
         out = []
         for weight in weights:
             if weight is None and items.cell_counts is not None:  # the censoring histogram counted them

@@ -40,7 +40,8 @@ from sglang_prorsa.srt.lifecycle.states import TrajState
 from sglang_prorsa.srt.lifecycle.tracker import Phase, TrajectoryTracker
 
 _TURNS = 128  # turns told apart by the tool-call table; bucket of 127 = bucket of any later turn
-_TURN_LUT = np.array([turn_bucket(t) for t in range(_TURNS)], np.int64)
+_TURN_COLUMNS = 4096  # a refresh's table is as wide as its items' turns, up to this; later turns are clipped to 127
+_TURN_LUT = np.array([turn_bucket(t) for t in range(_TURN_COLUMNS)], np.int64)
 
 
 def _task_of(store: DurationStore, key: Key) -> int | None:
@@ -121,8 +122,8 @@ class ArrivalTerms:
             out = self._growth.take(task)
         prompt = s.prompt[idx]
         out += prompt  # prompt + growth, into the gathered array
-        unknown = prompt < 0  # no request seen yet: a new sample's first prompt
-        if unknown.any():
+        if prompt.size and prompt.min() < 0:  # a min pass: no mask unless some request was not seen yet
+            unknown = prompt < 0  # no request seen yet: a new sample's first prompt
             out[unknown] = self.x_new[task[unknown]]
         if s.hinted:  # the trainer's estimate
             hint = s.next_prompt[idx]
@@ -177,7 +178,7 @@ class ArrivalTerms:
         """Add sum_i s_i q_i x_i and sum_i s_i q_i over S and h* (s: ``scale``, per item or one number; ``res``: the
         items' classes in ``fitted``, None for the fit's own items)."""
         if isinstance(scale, np.ndarray):
-            tokens, requests = fitted.expected(res, elapsed, (self.S, self.h), then, (scale * x, scale))
+            tokens, requests = fitted.expected(res, elapsed, (self.S, self.h), then, (x, None), scale=scale)
         else:
             tokens, requests = fitted.expected(res, elapsed, (self.S, self.h), then, (x, None))
             if scale is not None:
@@ -213,15 +214,24 @@ class ArrivalTerms:
         return fitted.curve(key)
 
     def _calls_tool(self, idx: np.ndarray) -> np.ndarray:
+        """P(the response calls a tool | task, turn) per item: one gather from a (task, turn) table as wide as the
+        items' turns reach (every turn its own column, up to ``_TURN_COLUMNS``: no clipping pass)."""
         s = self.snap
-        if self._calls_lut is None:  # (task, turn 0..127) -> P(calls a tool), flattened; later turns share 127's
-            radix = s.radix["task"]
-            by_bucket = np.array([[self.stats.calls_tool_in_bucket(t, b) for b in range(TURN_BUCKETS)]
-                                  for t in range(radix)])
-            self._calls_lut = by_bucket[:, _TURN_LUT].ravel()
-        turn = np.minimum(s.turn[idx], _TURNS - 1)
-        turn += s.task[idx] * _TURNS
-        return self._calls_lut.take(turn)
+        if self._calls_lut is None:  # (task, bucket) -> P(calls a tool)
+            self._calls_lut = np.array([[self.stats.calls_tool_in_bucket(t, b) for b in range(TURN_BUCKETS)]
+                                        for t in range(s.radix["task"])]).reshape(-1, TURN_BUCKETS)
+        turn = s.turn[idx]  # int32
+        if not turn.size:
+            return np.zeros(0)
+        lo, hi = int(turn.min()), int(turn.max())
+        if 0 <= lo and hi < _TURN_COLUMNS:  # (task, turn 0..hi) flattened
+            width = hi + 1
+            code = np.multiply(s.task[idx], width)
+            code += turn
+            return self._calls_lut[:, _TURN_LUT[:width]].ravel().take(code)
+        code = np.minimum(turn, _TURNS - 1).astype(np.int64)  # later turns share 127's (bucket 12 from turn 64)
+        code += s.task[idx] * _TURNS
+        return self._calls_lut[:, _TURN_LUT[:_TURNS]].ravel().take(code)
 
     def _decode_return(self, sums: SourceSums, second_idx, second_delay) -> None:
         st, snap = self.stats.stores, self.snap

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from sglang_prorsa.srt.forecast.admissions import arrival_order
+from sglang_prorsa.srt.forecast.curve_history import CurveHistory
 from sglang_prorsa.srt.forecast.grid import GridCurve, chain_tables, chain_windows
 from sglang_prorsa.srt.forecast.profile import KVFootprint
 from sglang_prorsa.srt.forecast.snapshot import state_order
@@ -59,9 +60,10 @@ def _store(rng) -> DurationStore:
 
 @pytest.mark.parametrize("now", [None, 450.0])
 @pytest.mark.parametrize("radix", [{"task": 3, "tool": 4}, {"task": 60, "tool": 40}])  # cells by finest / used class
-def test_store_look_ups_and_sums_match_the_tables_item_by_item(now, radix):
+@pytest.mark.parametrize("horizons", [(10.0, 0.625, 0.0), (10.0, 0.0)])  # sums per cell / per item (one window)
+def test_store_look_ups_and_sums_match_the_tables_item_by_item(now, radix, horizons):
     rng = np.random.default_rng(3)
-    store, horizons = _store(rng), (10.0, 0.625, 0.0)
+    store = _store(rng)
     n = 500
     ids = {"task": rng.integers(0, 3, n), "tool": rng.integers(0, 4, n)}
     elapsed = np.round(rng.uniform(0, 40, n) * 8) / 8  # half of them exactly on a grid point
@@ -86,6 +88,11 @@ def test_store_look_ups_and_sums_match_the_tables_item_by_item(now, radix):
         tokens, requests = store.fit(ids, radix, elapsed, DT, now).expected(None, elapsed, horizons, then, (x, None))
         assert tokens == pytest.approx([float((w * x).sum()) for w in want], rel=1e-12, abs=1e-12)
         assert requests == pytest.approx([float(w.sum()) for w in want], rel=1e-12, abs=1e-12)
+        scale = rng.uniform(0, 1, n)  # a per-item factor (decode-return: P(the response calls a tool))
+        fitted = store.fit(ids, radix, elapsed, DT, now)
+        tokens, requests = fitted.expected(None, elapsed, horizons, then, (x, None), scale=scale)
+        assert tokens == pytest.approx([float((w * scale * x).sum()) for w in want], rel=1e-12, abs=1e-12)
+        assert requests == pytest.approx([float((w * scale).sum()) for w in want], rel=1e-12, abs=1e-12)
 
 
 def test_kv_footprint_of_many_is_the_scalar_one():
@@ -94,3 +101,59 @@ def test_kv_footprint_of_many_is_the_scalar_one():
     for page in (1, 16, 64):
         kv = KVFootprint(page)
         assert np.array_equal(kv.many(tokens), [kv(x) for x in tokens])
+
+
+def _reference_curve(events, censored, dt, mean, live, splice):
+    """The curve as ``DurationStore.curve`` built it before ``CurveHistory``: every histogram added per refresh."""
+    def add(a, b):
+        if b is None or not b.size:
+            return a
+        out = np.zeros(max(a.size, b.size))
+        out[:a.size] += a
+        out[:b.size] += b
+        return out
+    ev_c, ce_c, ev_all, ce_all = events
+    if splice is None:
+        return GridCurve(ev_c, add(ce_c, live), dt, mean)
+    return GridCurve(ev_c, add(ce_c, None if live is None else live[:splice + 1]), dt, mean, late_events=ev_all,
+                     late_censored=censored, splice_at=splice)
+
+
+def test_curve_history_builds_the_same_curves_bit_for_bit():
+    rng = np.random.default_rng(5)
+    for trial in range(60):
+        size = int(rng.integers(1, 300))
+        ev_all = rng.integers(0, 4, size).astype(np.float64) * (rng.random(size) < 0.4)
+        ev_c = ev_all[: int(rng.integers(1, size + 1))] * (rng.random() < 0.8)
+        if trial % 7 == 0:
+            ev_c = np.zeros(1)  # no cohort completion
+        ce_all = rng.integers(0, 3, int(rng.integers(1, 400))).astype(np.float64)
+        ce_c = ce_all[: int(rng.integers(1, ce_all.size + 1))]
+        history = CurveHistory(ev_c, ce_c, ev_all, ce_all)
+        for live in (None, np.zeros(0), rng.integers(0, 50, int(rng.integers(1, 500))).astype(np.float64)):
+            for splice in (None, 0, int(rng.integers(0, size)), size + 5, 10_000):
+                want = _reference_curve((ev_c, ce_c, ev_all, ce_all), ce_all, DT, 3.0, live, splice)
+                got = history.curve(live, splice, DT, 3.0)
+                assert got.last == want.last and got.tail_mean_s == want.tail_mean_s
+                assert np.array_equal(got.surv, want.surv)
+                for length in (1, got.last + 3, got.last + 90):  # a kept extension: views of the longest
+                    assert np.array_equal(got.extended(length), want.extended(length))
+                assert np.array_equal(got.extended(7), want.extended(7))
+
+
+def test_calls_tool_table_is_the_clipped_turn_bucket_table():
+    from types import SimpleNamespace
+
+    from sglang_prorsa.srt.forecast.statistics import turn_bucket
+    from sglang_prorsa.srt.forecast.terms import ArrivalTerms
+
+    rng = np.random.default_rng(6)
+    by_bucket = rng.random((3, 13))
+    stats = SimpleNamespace(calls_tool_in_bucket=lambda t, b: float(by_bucket[t, b]))
+    for turns in (rng.integers(0, 30, 500), rng.integers(0, 5000, 500), np.array([0, 127, 128, 4095, 4096, 10**6])):
+        task = rng.integers(0, 3, turns.size)
+        snap = SimpleNamespace(turn=turns.astype(np.int32), task=task.astype(np.int64), radix={"task": 3})
+        terms = SimpleNamespace(snap=snap, stats=stats, _calls_lut=None)
+        got = ArrivalTerms._calls_tool(terms, slice(0, turns.size))
+        want = [by_bucket[t, turn_bucket(min(int(k), 127))] for t, k in zip(task, turns)]
+        assert np.array_equal(got, want)
