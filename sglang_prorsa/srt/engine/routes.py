@@ -48,7 +48,8 @@ def _store_key(k: Any) -> bool:
 
 
 def _non_negative_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    # Token ids, rooms and versions go into int64 arrays and SGLang's own fields: anything larger is no id.
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63
 
 
 def _rooms(v: Any) -> bool:

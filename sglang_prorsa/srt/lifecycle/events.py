@@ -30,6 +30,7 @@ from typing import Any
 # trainer to flush a whole rollout step at once, small enough that applying it under the control-plane lock stays short.
 MAX_BATCH_EVENTS = 10_000
 MAX_ID_CHARS = 256
+MAX_COUNT = 2**31 - 1  # turns and token counts are kept in int32 columns (columns.py)
 
 
 class EventKind(str, Enum):
@@ -170,15 +171,15 @@ def _string(value: Any, name: str, index: int) -> str:
 def _non_negative_int(value: Any, name: str, index: int) -> int:
     # bool is an int subclass in Python; `true` is never a length. Integral floats (1024.0) are accepted.
     if type(value) is int:
-        if value < 0:
-            raise EventValidationError(f"must be >= 0, got {value}", index=index, field=name)
+        if not 0 <= value <= MAX_COUNT:
+            raise EventValidationError(f"must be >= 0 and <= {MAX_COUNT}, got {value}", index=index, field=name)
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise EventValidationError(f"must be an integer, got {value!r:.40}", index=index, field=name)
     if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
         raise EventValidationError(f"must be an integer, got {value!r}", index=index, field=name)
-    if value < 0:
-        raise EventValidationError(f"must be >= 0, got {value}", index=index, field=name)
+    if not 0 <= value <= MAX_COUNT:
+        raise EventValidationError(f"must be >= 0 and <= {MAX_COUNT}, got {value}", index=index, field=name)
     return int(value)
 
 
@@ -316,7 +317,7 @@ def _parse_plain(obj: Any) -> LifecycleEvent | None:
                 return None
             ts = float(value)
         elif name in _INT_FIELDS:
-            if kind_of is not int or value < 0:
+            if kind_of is not int or not 0 <= value <= MAX_COUNT:
                 return None
             if name == "prompt_tokens":
                 prompt_tokens = value

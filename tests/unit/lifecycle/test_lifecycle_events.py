@@ -40,6 +40,9 @@ def test_single_event_parses_all_fields():
         ({"trajectory_id": "a", "event": "sampled", "prompt_tokens": True}, "prompt_tokens", "integer"),
         ({"trajectory_id": "a", "event": "request_arrived", "prompt_tokens": -5}, "prompt_tokens", ">= 0"),
         ({"trajectory_id": "a", "event": "request_arrived"}, "prompt_tokens", "required on 'request_arrived'"),
+        ({"trajectory_id": "a", "event": "tool_start", "turn": 2**31}, "turn", "<= 2147483647"),  # an int32 column
+        ({"trajectory_id": "a", "event": "request_arrived", "prompt_tokens": 1e300}, "prompt_tokens", "<= 2147483647"),
+        ({"trajectory_id": "a", "event": "decode_end", "output_tokens": 2**64}, "output_tokens", "<= 2147483647"),
         ({"trajectory_id": "a", "event": "sandbox_start"}, "mode", "required"),
         ({"trajectory_id": "a", "event": "sandbox_start", "mode": "lukewarm"}, "mode", "prewarm"),
         ({"trajectory_id": "a", "event": "prefill_start"}, "instance", "required"),
@@ -95,7 +98,7 @@ def test_batch_is_all_or_none():
     assert cp.tracker.get("a").entered_at == 100.0  # stamped with the receiver's clock
 
 
-_values = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(allow_nan=True), st.text(max_size=5),
+_values = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.integers(2**31 - 3, 2**64), st.floats(allow_nan=True), st.text(max_size=5),
                     st.lists(st.integers(), max_size=2))
 _keys = st.sampled_from(["trajectory_id", "event", "ts", "group_id", "task", "turn", "prompt_tokens", "mode", "tool",
                          "accepted", "instance", "bogus"])
@@ -113,3 +116,17 @@ def test_fuzzed_batches_either_validate_or_raise_validation_error(objs):
         return
     assert result.received == len(objs)
     cp.forecast()  # whatever got applied, a forecast still computes
+
+
+def test_the_largest_turn_and_token_counts_are_ingested_and_forecast():
+    cp = LifecycleControlPlane(ManualClock(5.0))
+    top = 2**31 - 1
+    result = cp.ingest_payload({"events": [
+        {"trajectory_id": "a", "event": "sampled", "turn": top},
+        {"trajectory_id": "b", "event": "request_arrived", "prompt_tokens": top},
+        {"trajectory_id": "b", "event": "prefill_start", "instance": "0"},
+        {"trajectory_id": "b", "event": "prefill_end"},
+        {"trajectory_id": "b", "event": "decode_end", "output_tokens": top},
+        {"trajectory_id": "b", "event": "tool_start", "turn": top, "tool": "bash"}]})
+    assert (result.applied, result.rejected) == (6, 0), result
+    cp.forecast()
