@@ -68,8 +68,8 @@ def run(url: str, jobs, concurrency: int, desc: str, top_logprobs: int = 0) -> l
 WASTE_COUNTERS = ("prompt_tokens_discarded", "resume_prompt_tokens_computed")
 
 
-def computed(url: str, counter: str = "prompt_tokens_computed") -> int:
-    return sum(int(instance_status(i["url"])["counters"].get(counter, 0)) for i in instances(url))
+def computed(url: str, counter: str = "prompt_tokens_computed", side: str = "counters") -> int:
+    return sum(int(instance_status(i["url"])[side].get(counter, 0)) for i in instances(url))
 
 
 def switcher(url: str, n: int, mean_gap_s: float, seed: int, stop: threading.Event, log: list) -> None:
@@ -149,6 +149,7 @@ def main() -> None:
                    for i in instances(url)}
         before = computed(url)
         waste_before = {k: computed(url, k) for k in WASTE_COUNTERS}
+        lost_before = computed(url, "transfers_failed_prompt_tokens", "engine_counters")
         stop = threading.Event()
         # A switch takes ~1-2 s here and the switched run is slower than the reference: aim for well over
         # ``--switches`` in the reference's wall time so the run reaches them before its requests run out.
@@ -161,6 +162,9 @@ def main() -> None:
         extra = computed(url) - before - sum(len(p) for p, _ in jobs)
         evicted_for_loads = computed(url, "kv_tokens_evicted_for_loads")
         waste = {k: computed(url, k) - waste_before[k] for k in WASTE_COUNTERS}
+        # Prompts of requests whose KV transfer SGLang failed (its heartbeat, on saturated cores), restarted.
+        waste["transfers_failed_prompt_tokens"] = (computed(url, "transfers_failed_prompt_tokens", "engine_counters")
+                                                   - lost_before)
     finally:
         front.stop()
     lost = sum(1 for s, _, _ in got if s != 200)

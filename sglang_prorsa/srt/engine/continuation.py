@@ -83,7 +83,7 @@ class Continuation:
                     {"type": "length", "length": produced})
                 return
             try:
-                prefill, decode = self.side.peers.pick_pair()
+                prefill, decode = self.side.peers.pick_pair(prefer_prefill=self._prompt_holder())
             except NoPair as e:
                 failures.append(str(e))
                 await asyncio.sleep(min(2.0, 0.1 * 2 ** len(failures)))  # a switch may be bringing one back
@@ -100,6 +100,13 @@ class Continuation:
                 await asyncio.sleep(min(1.0, 0.05 * 2 ** len(failures)))
         raise ResumeFailed(f"request {self.stitcher.rid} could not be continued after {self.moves} moves: "
                            f"{failures[-3:]}")
+
+    def _prompt_holder(self) -> Peer | None:
+        """A request restarted from its prompt (no KV persisted) goes back to the prefill instance it was paired with
+        while that instance still serves as prefill: whatever it computed of the prompt is in its prefix cache."""
+        if self.kv_tokens > 0 or self.record.bootstrap_port is None:
+            return None
+        return self.side.peers.by_bootstrap(self.record.bootstrap_host, self.record.bootstrap_port)
 
     async def _attempt(self, prefill: Peer, decode: Peer, sampling: dict[str, Any],
                        failures: list[str]) -> AsyncIterator[dict[str, Any]]:

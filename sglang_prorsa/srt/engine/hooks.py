@@ -18,7 +18,7 @@ from typing import Any
 from sglang_prorsa.srt.engine.continuation import aborted_output
 from sglang_prorsa.srt.engine.side import EngineSide, forwarded_headers
 from sglang_prorsa.srt.lifecycle.events import MAX_ID_CHARS
-from sglang_prorsa.srt.messages import RESUME_HEADER, ROLE_HEADER, Code, Stage
+from sglang_prorsa.srt.messages import RESUME_HEADER, ROLE_HEADER, Code, QueuedItem, Stage
 
 logger = logging.getLogger(__name__)
 
@@ -237,9 +237,17 @@ def _lost_transfer(side: EngineSide, obj: Any, ids: int, aborts_at_entry: int) -
 
 
 async def _restart_lost(side: EngineSide, obj: Any) -> Any:
-    """The record that restarts a decode half whose transfer was lost from its prompt (counted)."""
+    """The record that restarts a decode half whose transfer was lost from its prompt (counted, with its prompt
+    tokens: the prefill instance may have computed them already). Its prefill half is released, so a live prefill
+    instance ends it and keeps its prompt in the prefix cache; the restart prefers that instance (``Continuation``),
+    where it then recomputes little or nothing."""
+    record = await side.queued_record(obj)
     side.counters["transfers_failed_continued"] += 1
-    return await side.queued_record(obj)
+    side.counters["transfers_failed_prompt_tokens"] += len(record.input_ids)
+    if record.bootstrap_room is not None:
+        await side.release_prefill_halves([QueuedItem(obj.rid, record.bootstrap_room, record.bootstrap_host,
+                                                      record.bootstrap_port)], only_not_started=False)
+    return record
 
 
 def _server_error(out: dict) -> bool:

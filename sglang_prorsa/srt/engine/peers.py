@@ -64,7 +64,13 @@ class PeerView:
             raise NoPair(f"no active {role} peer to continue on")
         return min(cands, key=lambda p: (self.inflight.get(p.instance_id, 0), p.instance_id))
 
-    def pick_pair(self, exclude: set[str] = frozenset()) -> tuple[Peer, Peer]:
+    def pick_pair(self, exclude: set[str] = frozenset(), prefer_prefill: Peer | None = None) -> tuple[Peer, Peer]:
+        """The least loaded active pair; ``prefer_prefill`` (when it is still an active prefill peer) as its prefill."""
+        p = prefer_prefill
+        if p is not None and p.instance_id not in exclude and p.instance_id != self.self_id:
+            now = self.peers.get(p.instance_id)
+            if now is not None and now.role == "prefill" and now.active:
+                return now, self.pick("decode", exclude)
         return self.pick("prefill", exclude), self.pick("decode", exclude)
 
     def by_bootstrap(self, host: str | None, port: int | None) -> Peer | None:

@@ -272,7 +272,8 @@ class EngineSide:
             self.counters["continuations_handed_back"] += 1
             raise ValueError(f"prorsa: continuation {obj.rid} handed back to its holder ({Code.HANDED_ON.value})")
         record = MigratedRequest(rid=obj.rid, role="decode", stage=Stage.QUEUED, input_ids=input_ids,
-                                 output_ids=[], sampling_params={})
+                                 output_ids=[], sampling_params={}, bootstrap_room=room,
+                                 bootstrap_host=obj.bootstrap_host, bootstrap_port=obj.bootstrap_port)
         state = _NoState(obj)
         async for out in self.resume(obj, state, record, None, (0, 0), forwarded_headers(request)):
             yield out
@@ -280,7 +281,8 @@ class EngineSide:
     async def queued_record(self, obj: Any) -> MigratedRequest:
         """A decode half that never received its KV, as a record to start again from its prompt."""
         return MigratedRequest(rid=obj.rid, role="decode", stage=Stage.QUEUED, input_ids=await self.prompt_ids(obj),
-                               output_ids=[], sampling_params={})
+                               output_ids=[], sampling_params={}, bootstrap_room=obj.bootstrap_room,
+                               bootstrap_host=obj.bootstrap_host, bootstrap_port=obj.bootstrap_port)
 
     async def prompt_ids(self, obj: Any) -> list[int]:
         """The request's prompt as token ids, as SGLang tokenizes it -- without SGLang's per-request state, which

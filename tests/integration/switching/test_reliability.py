@@ -21,6 +21,7 @@ from tests_support import (
     PAGE,
     arrange,
     computed_tokens,
+    engine_counter,
     flush_prefix_caches,
     instances,
     max_logprob_gap,
@@ -45,6 +46,7 @@ def test_nothing_is_lost_at_a_fast_switch_rate(deployment):
     flush_prefix_caches(front)
     computed_before = computed_tokens(front)
     before = {k: computed_tokens(front, k) for k in ("prompt_tokens_discarded", "resume_prompt_tokens_computed")}
+    lost_before = engine_counter(front, "transfers_failed_prompt_tokens")
     done = threading.Event()
     reports: list[dict] = []
 
@@ -83,10 +85,14 @@ def test_nothing_is_lost_at_a_fast_switch_rate(deployment):
         moves += len(out["meta_info"].get("prorsa", {}).get("migrations", []))
     # None duplicated: each prompt computed once, plus at most one page per migration (the bound). Moves
     # include those of attempts that moved again (continued by the instance they moved to); the counters say where
-    # any excess went: prefill work thrown away, or tokens resumed requests computed beyond their loaded KV.
+    # any excess went: prefill work thrown away, or tokens resumed requests computed beyond their loaded KV. The one
+    # allowance: prompts of requests whose KV transfer SGLang itself failed (its PD heartbeat can declare a live
+    # prefill instance lost when both cores are saturated; README "Known limits"), restarted from their prompt --
+    # on the same prefill instance when it still serves, so from its prefix cache.
     extra = computed_tokens(front) - computed_before - sum(len(p) for p in prompts)
     where = {k: computed_tokens(front, k) - before[k] for k in before}
-    assert 0 <= extra <= moves * PAGE, (extra, moves, where)
+    lost = engine_counter(front, "transfers_failed_prompt_tokens") - lost_before
+    assert 0 <= extra <= moves * PAGE + lost, (extra, moves, lost, where)
 
 
 def _kill_and_wait(front, inst: dict) -> None:

@@ -26,6 +26,19 @@ def test_pairs_avoid_this_instance_inactive_peers_and_busy_ones():
         view.pick("decode")
 
 
+def test_a_restart_from_the_prompt_prefers_its_old_prefill_while_it_still_serves_as_prefill():
+    view = PeerView("me")
+    view.update([peer("p1", "prefill"), peer("p2", "prefill", port=7), peer("d1", "decode")])
+    view.acquire(view.peers["p2"])  # busier than p1, still preferred: its prefix cache holds the prompt
+    old = view.by_bootstrap("127.0.0.1", 7)
+    assert view.pick_pair(prefer_prefill=old)[0].instance_id == "p2"
+    assert view.pick_pair(exclude={"p2"}, prefer_prefill=old)[0].instance_id == "p1"
+    view.mark("p2", "switching")
+    assert view.pick_pair(prefer_prefill=old)[0].instance_id == "p1"
+    view.update([peer("p1", "prefill"), peer("p2", "decode", port=7), peer("d1", "decode")])
+    assert view.pick_pair(prefer_prefill=old)[0].instance_id == "p1"  # it switched: no longer a prefill
+
+
 def test_an_epoch_change_is_reported_so_decode_instances_forget_old_endpoints():
     view = PeerView("me")
     view.update([peer("p", "prefill", port=5)])
