@@ -8,6 +8,7 @@ outputs not identical, prompt tokens computed beyond one per prompt (plus one pa
 (p50/p99), and the extra latency of moved requests over their unswitched run. JSON + PNG under benchmarks/results/.
 
     python benchmarks/bench_soak.py [--requests 5000] [--switches 100] [--concurrency 32] [--seed 0]
+        [--new-tokens 8:64] [--max-total-tokens 131072] [--out DIR]
 """
 
 from __future__ import annotations
@@ -37,13 +38,24 @@ T0 = time.perf_counter()
 ENGINE_FLAGS = ["--chunked-prefill-size", "128", "--log-level", "warning"]
 
 
-def workload(n: int, seed: int) -> list[tuple[list[int], int]]:
+def workload(n: int, seed: int, new_tokens: tuple[int, int] = (8, 64)) -> list[tuple[list[int], int]]:
     rng = random.Random(seed)
     jobs = []
     for i in range(n):
         length = rng.randint(12, 200)
-        jobs.append(([5 + i % 4000] + [rng.randint(20, 950) for _ in range(length - 1)], rng.randint(8, 64)))
+        jobs.append(([5 + i % 4000] + [rng.randint(20, 950) for _ in range(length - 1)], rng.randint(*new_tokens)))
     return jobs
+
+
+def token_range(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition(":")
+    try:
+        lo_i, hi_i = int(lo), int(hi or lo)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO:HI, got {text!r}")
+    if not 1 <= lo_i <= hi_i:
+        raise argparse.ArgumentTypeError(f"expected 1 <= LO <= HI, got {text!r}")
+    return lo_i, hi_i
 
 
 def run(url: str, jobs, concurrency: int, desc: str, top_logprobs: int = 0) -> list[tuple[int, dict, float]]:
@@ -127,6 +139,8 @@ def main() -> None:
     ap.add_argument("--switches", type=int, default=100)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--new-tokens", type=token_range, default=(8, 64), metavar="LO:HI",
+                    help="new tokens per request, drawn uniformly (prompts are 12-200 tokens)")
     ap.add_argument("--max-total-tokens", type=int, default=131072,
                     help="KV pool per instance; small values make prefix caches evict (e.g. to load resumed prefixes)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
@@ -135,7 +149,7 @@ def main() -> None:
     log_dir = Path(tempfile.mkdtemp(prefix="bench-soak-"))
     flags = [*ENGINE_FLAGS, "--max-total-tokens", str(args.max_total_tokens)]
     front = start_manual_front(4, 2, flags, log_dir)
-    jobs = workload(args.requests, args.seed)
+    jobs = workload(args.requests, args.seed, args.new_tokens)
     switches: list[dict] = []
     try:
         front.wait_ready(timeout=900)
@@ -181,6 +195,8 @@ def main() -> None:
     times = [s["controller_s"] for s in switches]
     summary = {
         "requests": args.requests, "switches": len(switches), "max_total_tokens": args.max_total_tokens,
+        "new_tokens": list(args.new_tokens), "seed": args.seed, "concurrency": args.concurrency,
+        "wall_s": {"reference": ref_wall, "total": time.perf_counter() - T0},
         "lost": lost, "not_identical": differ,
         "moved_requests": len(moved), "resumes_from_kv": resumes, "extra_prompt_tokens_computed": extra,
         "migrations": migrations, "allowed_extra_tokens": migrations,  # one page (1 token on CPU) per migration
