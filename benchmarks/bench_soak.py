@@ -43,7 +43,10 @@ def workload(n: int, seed: int, new_tokens: tuple[int, int] = (8, 64)) -> list[t
     jobs = []
     for i in range(n):
         length = rng.randint(12, 200)
-        jobs.append(([5 + i % 4000] + [rng.randint(20, 950) for _ in range(length - 1)], rng.randint(*new_tokens)))
+        # Two leading tokens keep prompts distinct (no shared prefix) for up to 900 x 900 requests, and every id
+        # stays inside the tiny model's vocabulary (1,024): an id beyond it crashed SGLang's scheduler.
+        head = [5 + i % 900, 5 + (i // 900) % 900]
+        jobs.append((head + [rng.randint(20, 950) for _ in range(length - 2)], rng.randint(*new_tokens)))
     return jobs
 
 

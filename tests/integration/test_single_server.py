@@ -52,3 +52,16 @@ def test_server_reports_its_overrides(single_server):
     assert info["sglang"] == "0.5.23"
     names = {o["name"]: o for o in info["overrides"]}
     assert names["mooncake_sender_no_host_tensor_indices"]["applied"] is True
+
+
+def test_a_token_id_outside_the_vocabulary_is_a_400_and_the_server_lives_on(single_server):
+    # SGLang 0.5.23 alone feeds it to the embedding, whose IndexError kills the scheduler (and every request on it).
+    for stream in (False, True):
+        r = requests.post(single_server.url + "/generate", timeout=120, json={
+            "input_ids": [5, 7, 4004], "stream": stream, "sampling_params": {"max_new_tokens": 2}})
+        if not stream:
+            assert r.status_code == 400, r.text
+            assert "field 'input_ids'" in r.text and "4004" in r.text
+        else:
+            assert "field 'input_ids'" in r.text  # a stream's error event
+    assert len(generate_ids(single_server.url, [5, 7, 9], 3)) == 3

@@ -55,6 +55,7 @@ def wrap_generate_request(original):
             async for out in original(self, obj, request):
                 yield out
             return
+        check_token_ids(obj.input_ids, getattr(getattr(self, "model_config", None), "vocab_size", None))
         if side.rebuilding:  # the scheduler is mid-rebuild: nothing reaches it until its new role is up
             await side.rebuilt()
         role = _header(request, ROLE_HEADER)
@@ -73,6 +74,23 @@ def wrap_generate_request(original):
             entry.close()
 
     return generate_request
+
+
+def check_token_ids(input_ids: Any, vocab_size: int | None) -> None:
+    """Refuse token ids outside the model's vocabulary: SGLang 0.5.23 passes them to the embedding, whose index error
+    kills the scheduler -- and every request on the instance with it. A ValueError is SGLang's route's 400."""
+    if not vocab_size or not input_ids:
+        return
+    rows = input_ids if isinstance(input_ids[0], list) else [input_ids]
+    for row in rows:
+        try:
+            outside = bool(row) and (min(row) < 0 or max(row) >= vocab_size)
+        except TypeError:
+            raise ValueError("field 'input_ids': token ids must be integers") from None
+        if outside:
+            bad = next(t for t in row if not 0 <= t < vocab_size)
+            raise ValueError(f"field 'input_ids': token id {bad} is outside the model's vocabulary "
+                             f"[0, {vocab_size})")
 
 
 def _swept_later(side: EngineSide, obj: Any, role: str | None) -> bool:

@@ -20,3 +20,19 @@ def test_other_errors_are_not():
     assert not _is_abort_exception(RuntimeError("boom"), SimpleNamespace(finished=True))
     assert not _is_abort_exception(KeyError("rid"), SimpleNamespace(finished=True))
     assert issubclass(HandedBack, ValueError)  # hence re-raised before the abort handler (hooks.py)
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_naming_the_field():
+    import pytest
+
+    from sglang_prorsa.srt.engine.hooks import check_token_ids
+
+    check_token_ids([0, 5, 1023], 1024)
+    check_token_ids([[1, 2], [1023]], 1024)
+    check_token_ids(None, 1024)
+    check_token_ids([5, 4000], None)  # vocabulary unknown: SGLang decides
+    for ids in ([5, 1024], [[1], [2, -1]], [3, 4004, 7]):
+        with pytest.raises(ValueError, match=r"field 'input_ids': token id -?\d+ is outside .*\[0, 1024\)"):
+            check_token_ids(ids, 1024)
+    with pytest.raises(ValueError, match="field 'input_ids': token ids must be integers"):
+        check_token_ids([1, "x"], 1024)
