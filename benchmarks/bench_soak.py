@@ -113,6 +113,10 @@ def switcher(url: str, n: int, mean_gap_s: float, seed: int, stop: threading.Eve
             last = (target, "decode" if role == "prefill" else "prefill")
 
 
+def answered(status: int, body) -> bool:
+    return status == 200 and isinstance(body, dict) and "output_ids" in body
+
+
 NEAR_TIE = 1e-4  # logprob margin between the reference's top two candidates below which a flip is batch noise
 
 
@@ -184,29 +188,37 @@ def main() -> None:
                                                    - lost_before)
     finally:
         front.stop()
-    lost = sum(1 for s, _, _ in got if s != 200)
-    differ = sum(1 for (_, r, _), (s, g, _) in zip(ref, got) if s == 200 and g["output_ids"] != r["output_ids"])
-    mismatches = [mismatch(i, r, g) for i, ((_, r, _), (s, g, _)) in enumerate(zip(ref, got))
-                  if s == 200 and g["output_ids"] != r["output_ids"]]
+    # The raw answers first: an analysis that fails must not cost the run (a 40-minute soak was lost that way).
+    raw = [{"reference": [s, b if isinstance(b, dict) else str(b)[:600], t],
+            "switched": [s2, b2 if isinstance(b2, dict) else str(b2)[:600], t2]}
+           for (s, b, t), (s2, b2, t2) in zip(ref, got)]
+    (args.out / "soak_raw.json").write_text(json.dumps({"switches": switches, "answers": raw}))
+    ref_failed = [i for i, (s, r, _) in enumerate(ref) if not answered(s, r)]
+    lost = sum(1 for s, g, _ in got if not answered(s, g))
+    both = [(i, r, g) for i, ((s1, r, _), (s, g, _)) in enumerate(zip(ref, got)) if answered(s1, r) and answered(s, g)]
+    differ = sum(1 for _, r, g in both if g["output_ids"] != r["output_ids"])
+    mismatches = [mismatch(i, r, g) for i, r, g in both if g["output_ids"] != r["output_ids"]]
     moved = [(g, t, rt) for (_, _, rt), (s, g, t) in zip(ref, got)
-             if s == 200 and g["meta_info"].get("prorsa", {}).get("migrations")]
+             if answered(s, g) and g["meta_info"].get("prorsa", {}).get("migrations")]
     resumes = sum(sum(1 for m in g["meta_info"]["prorsa"]["migrations"] if m["kv_tokens"] > 0) for g, _, _ in moved)
     migrations = sum(len(g["meta_info"]["prorsa"]["migrations"]) for g, _, _ in moved)
     unmoved_delta = [t - rt for (_, _, rt), (s, g, t) in zip(ref, got)
-                     if s == 200 and not g["meta_info"].get("prorsa", {}).get("migrations")]
+                     if answered(s, g) and not g["meta_info"].get("prorsa", {}).get("migrations")]
     moved_delta = [t - rt for _, t, rt in moved]
     times = [s["controller_s"] for s in switches]
     summary = {
         "requests": args.requests, "switches": len(switches), "max_total_tokens": args.max_total_tokens,
         "new_tokens": list(args.new_tokens), "seed": args.seed, "concurrency": args.concurrency,
         "wall_s": {"reference": ref_wall, "total": time.perf_counter() - T0},
-        "lost": lost, "not_identical": differ,
+        "lost": lost, "not_identical": differ, "reference_failed": len(ref_failed),
+        "reference_failed_detail": [{"request": i, "status": ref[i][0], "answer": str(ref[i][1])[:600]}
+                                    for i in ref_failed[:20]],
         "moved_requests": len(moved), "resumes_from_kv": resumes, "extra_prompt_tokens_computed": extra,
         "migrations": migrations, "allowed_extra_tokens": migrations,  # one page (1 token on CPU) per migration
         "switch_s_p50": pct(times, 0.5), "switch_s_p99": pct(times, 0.99),
         "lost_detail": [{"request": i, "status": st, "route": g.get("route") if isinstance(g, dict) else None,
                          "span": g.get("span") if isinstance(g, dict) else None, "answer": str(g)[:600]}
-                        for i, (st, g, _) in enumerate(got) if st != 200],
+                        for i, (st, g, _) in enumerate(got) if not answered(st, g)],
         "not_identical_near_ties": sum(m["near_tie"] for m in mismatches),
         "not_identical_detail": mismatches,
         "moved_extra_latency_s_p50": pct(moved_delta, 0.5), "moved_extra_latency_s_p99": pct(moved_delta, 0.99),
