@@ -195,6 +195,14 @@ def _wrap_control_method(name: str) -> bool:
     return wrap_method(TokenizerManager, name, wrap_control(name))
 
 
+def _wrap_tokenize_one_request() -> bool:
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    from sglang_prorsa.srt.engine.hooks import wrap_tokenize_one_request
+
+    return wrap_method(TokenizerManager, "_tokenize_one_request", wrap_tokenize_one_request)
+
+
 def _wrap_stream_one_response() -> bool:
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
@@ -279,6 +287,18 @@ def _register_builtin() -> None:
             "preferring lock then deadlocks across instances."
         ),
         apply=_wrap_stream_one_response,
+    ))
+    REGISTRY.register(Override(
+        name="tokenizer_manager_keep_prompt_ids",
+        target="sglang.srt.managers.tokenizer_manager:TokenizerManager._tokenize_one_request",
+        kind="wrapped method",
+        reason=(
+            "A text prompt's token ids are needed after SGLang tokenized it (a trajectory's arrival report, a "
+            "decode half restarted from its prompt, an aborted answer's prompt_tokens): the wrapper keeps SGLang's "
+            "own ids on the request object so they are not tokenized a second time on the event loop; SGLang's "
+            "method runs unchanged (srt/engine/hooks.py)."
+        ),
+        apply=_wrap_tokenize_one_request,
     ))
     from sglang_prorsa.srt.engine.control_guard import GUARDED
 

@@ -33,6 +33,8 @@ CLASS_LEVEL: tuple[tuple[str, str], ...] = (
     ("sglang.srt.managers.tokenizer_manager:TokenizerManager.generate_request", "wrapped: admission of a "
                                                                                  "switching instance"),
     ("sglang.srt.managers.tokenizer_manager:TokenizerManager._stream_one_response", "wrapped: resume in the engine"),
+    ("sglang.srt.managers.tokenizer_manager:TokenizerManager._tokenize_one_request", "wrapped: keeps a text "
+                                                                                    "prompt's ids"),
     ("sglang.srt.managers.tokenizer_manager:TokenizerManager.pd_role_switch", "SGLang's idle role flip"),
     ("sglang.srt.managers.tokenizer_manager:TokenizerManager._handle_abort_finish_reason", "the raise of a finished "
                                                                                         "abort hooks.py continues"),

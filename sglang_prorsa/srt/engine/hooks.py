@@ -16,7 +16,7 @@ import logging
 from typing import Any
 
 from sglang_prorsa.srt.engine.continuation import aborted_output
-from sglang_prorsa.srt.engine.side import EngineSide, forwarded_headers
+from sglang_prorsa.srt.engine.side import EngineSide, forwarded_headers, keep_prompt_ids
 from sglang_prorsa.srt.lifecycle.events import MAX_ID_CHARS
 from sglang_prorsa.srt.messages import RESUME_HEADER, ROLE_HEADER, Code, QueuedItem, Stage
 
@@ -74,6 +74,16 @@ def wrap_generate_request(original):
             entry.close()
 
     return generate_request
+
+
+def wrap_tokenize_one_request(original):
+    async def _tokenize_one_request(self, obj):
+        tokenized = await original(self, obj)
+        if ENGINE is not None:
+            keep_prompt_ids(obj, tokenized)
+        return tokenized
+
+    return _tokenize_one_request
 
 
 def check_token_ids(input_ids: Any, vocab_size: int | None) -> None:

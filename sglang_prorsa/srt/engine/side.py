@@ -286,9 +286,14 @@ class EngineSide:
 
     async def prompt_ids(self, obj: Any) -> list[int]:
         """The request's prompt as token ids, as SGLang tokenizes it -- without SGLang's per-request state, which
-        does not exist yet at arrival and is already deleted after an abort that carries a status."""
+        does not exist yet at arrival and is already deleted after an abort that carries a status. A text prompt's
+        ids are those SGLang's tokenization kept on the request (hooks.wrap_tokenize_one_request); tokenized here
+        only for a request that never went through it."""
         if obj.input_ids is not None:
             return list(obj.input_ids)
+        kept = kept_prompt_ids(obj)
+        if kept is not None:
+            return list(kept)
         ids, _ = await self.tm._tokenize_texts(obj.text)
         return list(ids)
 
@@ -305,6 +310,19 @@ class EngineSide:
                 "switches": self.switches, "last_switch": self.last_switch, "resuming": self.resuming,
                 "entering": self.entering, "records_waiting": len(self.book), "engine_counters": dict(self.counters),
                 "peers_version": self.peers.version}
+
+
+_PROMPT_IDS = "_prorsa_prompt_ids"  # on SGLang's request object: its text prompt as SGLang tokenized it
+
+
+def keep_prompt_ids(obj: Any, tokenized: Any) -> None:
+    """Keeps SGLang's own ids of a text prompt on the request object (a reference, not a copy)."""
+    if getattr(obj, "input_ids", None) is None and getattr(tokenized, "input_ids", None) is not None:
+        setattr(obj, _PROMPT_IDS, tokenized.input_ids)
+
+
+def kept_prompt_ids(obj: Any) -> list[int] | None:
+    return getattr(obj, _PROMPT_IDS, None)
 
 
 class _NoState:
