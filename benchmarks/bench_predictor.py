@@ -13,7 +13,7 @@ against the floor (a forecaster with the exact arrival probabilities), all measu
    cold mix).
 
     PYTHONSAFEPATH=1 PYTHONPATH=. python benchmarks/bench_predictor.py [--quick] [--sections refresh,ingest,...]
-        [--baseline DIR [--baseline-label TEXT]] [--keep-previous LABEL]
+        [--baseline DIR [--baseline-label TEXT]] [--keep-previous LABEL] [--out DIR]
 
 Writes ``benchmarks/results/predictor_*.json`` and ``predictor_*.png``; ``--sections`` runs only the parts named
 (the others keep their recorded numbers). The first cut's recorded numbers (``OLD``) are printed beside the new ones;
@@ -632,7 +632,12 @@ def main() -> int:
     parser.add_argument("--baseline-label", default="baseline", help="what --baseline is, for the JSON and the report")
     parser.add_argument("--keep-previous", metavar="LABEL", help="keep the refresh / ingest numbers recorded in the "
                         "JSON under previous.LABEL before replacing them")
+    parser.add_argument("--out", type=Path, help="write the JSON and plots here instead of benchmarks/results/ (a "
+                        "loaded machine's numbers stay out of the recorded ones)")
     args = parser.parse_args()
+    global RESULTS
+    if args.out is not None:
+        RESULTS = args.out
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     sections = set(args.sections.split(","))
     quick = args.quick
@@ -668,7 +673,7 @@ def main() -> int:
     paths = plot(results)
     out_json.write_text(json.dumps(results, indent=1, default=float))
     report(results)
-    print("\nwrote", ", ".join(str(p.relative_to(ROOT)) for p in [out_json, *paths]))
+    print("\nwrote", ", ".join(str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p) for p in [out_json, *paths]))
     return 0
 
 

@@ -1,9 +1,9 @@
 """The live trajectories' columns as one refresh sees them, and the per-source sums a refresh accumulates.
 
-The tracker keeps numeric columns per slot (lifecycle/columns.py). A refresh sorts the slots by state once (one int32
-sort of (state, slot) keys, ``state_order``) and gathers each column in that order only for the states that read it, so
-every state, and every run of consecutive states, is a contiguous slice: the terms (terms.py, samples.py) read views
-and small gathers, never scan the whole table per term (issue 10, item 5).
+The tracker keeps numeric columns per slot (lifecycle/columns.py). A refresh sorts the slots by state once (a radix
+sort of the 8-bit state column, ``state_order``) and gathers each column in that order only for the states that read
+it, so every state, and every run of consecutive states, is a contiguous slice: the terms (terms.py, samples.py) read
+views and small gathers, never scan the whole table per term (issue 10, item 5).
 """
 
 from __future__ import annotations
@@ -142,31 +142,14 @@ def state_order(state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(slots sorted by state code, stable; ends) with ``ends[code + 1]`` the number of slots with a state code <=
     code (FREE = -1 first): ``np.argsort(state, kind="stable")`` and the cumulative state counts.
 
-    Sorts one key per slot, the state code in the high bits above the slot number (FREE: negative keys, first):
-    the keys are distinct, so any sort is stable, and numpy sorts int32 keys about twice as fast as it argsorts the
-    int8 column stably; the counts are binary searches in the sorted keys instead of a bincount pass."""
-    n = state.size
-    shift = max(n - 1, 1).bit_length()
+    The stable argsort of an 8-bit column is numpy's radix sort: one counting pass and one scatter, O(slots) and
+    about ten times faster here than a comparison sort of (state, slot) int32 keys (3.1 ms at 131k slots when no SIMD
+    sort is dispatched). The counts are binary searches in the sorted codes (a gather of bytes), not a bincount."""
+    order = np.argsort(state, kind="stable")  # int64 positions: numpy gathers faster by them than by int32 ones
+    codes = state.take(order)
     levels = len(STATE_CODES) + 1  # FREE and the states
-    dtype = np.int32 if levels << shift < 1 << 31 else np.int64
-    key = np.left_shift(state, shift, dtype=dtype)  # cast and shift in one pass
-    key |= _slots(n, dtype)
-    key.sort()
-    ends = np.searchsorted(key, np.arange(levels, dtype=dtype) << shift)  # keys below (code + 1) << shift
-    # the slot numbers, as int64 (numpy gathers faster by int64 positions than by int32 ones): cast and mask in one pass
-    order = np.bitwise_and(key, (1 << shift) - 1, dtype=np.int64)
+    ends = np.searchsorted(codes, np.arange(-1, levels - 1, dtype=codes.dtype), side="right")
     return order, ends
-
-
-_SLOTS: list = [None]  # the last slot numbers (the columns' capacity changes rarely): one array, bounded
-
-
-def _slots(n: int, dtype) -> np.ndarray:
-    """np.arange(n, dtype=dtype), kept between refreshes (read it, don't write it)."""
-    slots = _SLOTS[0]
-    if slots is None or slots.size != n or slots.dtype != dtype:
-        slots = _SLOTS[0] = np.arange(n, dtype=dtype)
-    return slots
 
 
 class _SortedColumn:
