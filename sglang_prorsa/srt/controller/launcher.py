@@ -28,6 +28,7 @@ logger = logging.getLogger("sglang_prorsa.front")
 INSTANCE_MODULE = "sglang_prorsa.srt.engine"
 READY_TIMEOUT_S = 900.0
 PORT_RETRIES = 3
+SHUTDOWN_GRACE_S = 15.0  # requests still open this long after SIGTERM are cut (their callers get an error)
 
 
 def instance_specs(config: ProrsaConfig, sglang_argv: list[str], log_dir: Path,
@@ -132,7 +133,10 @@ def run_front(config: ProrsaConfig, sglang_argv: list[str], host: str, port: int
             registry.set_state(inst, State.ACTIVE)
         front = Front(config, registry, processes=dict(started),
                       specs={s.instance_id: s for s in specs}, keys=keys)
-        uvicorn.run(build_app(front), host=host, port=port, log_level="warning", access_log=False)
+        # SIGTERM must stop the deployment: uvicorn otherwise waits, without end, for every open request (a soak's
+        # front sat through two SIGTERMs with requests in flight); after the grace, the finally stops the instances.
+        uvicorn.run(build_app(front), host=host, port=port, log_level="warning", access_log=False,
+                    timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
     finally:
         # Instances restarted while serving replace the ones started first (Health.restart).
         restarted = list(front.processes.values()) if front is not None else []

@@ -22,6 +22,7 @@ import logging
 import time
 from typing import Any
 
+from sglang_prorsa.srt.engine import watchdog
 from sglang_prorsa.srt.messages import Inventory, MigrateOut, Status
 
 logger = logging.getLogger(__name__)
@@ -32,6 +33,11 @@ SWEEP_EVERY_S = 0.5  # a straggler that reached the scheduler after the last swe
 # hold this long before the rebuild, so they arrive while the sweep can still take them (a decode half arriving
 # during the rebuild would cost its prefill half's work).
 ARRIVAL_GRACE_S = 0.3
+# A queued half whose other half let go (an orphan) would hold the quiesce until SGLang's transfer timeout (300 s):
+# while sweeping, the watchdog's check runs on halves queued this long, every ORPHAN_CHECK_EVERY_S; an orphan is
+# taken off on its second check in a row (a transfer that completed just now also lets go of its room).
+ORPHAN_STALE_S = 3.0
+ORPHAN_CHECK_EVERY_S = 1.5
 
 
 class SwitchFailed(RuntimeError):
@@ -50,6 +56,7 @@ class SwitchJob:
         self.taken: list[str] = []  # rids taken off here (continued elsewhere, or handed on)
         self.released: dict[str, list[int]] = {}  # peer id -> rooms whose other half was released there
         self.sweeps = 0
+        self.orphans: list[int] = []  # rooms of orphaned halves taken off during the switch
         self.persisted_bytes = 0
         self.timings: dict[str, float] = {}
 
@@ -71,12 +78,16 @@ class SwitchJob:
     def report(self) -> dict[str, Any]:
         return {"old_role": self.old_role, "new_role": self.new_role, "taken": len(self.taken),
                 "sweeps": self.sweeps, "released_elsewhere": {k: len(v) for k, v in self.released.items()},
-                "persisted_bytes": self.persisted_bytes, "timings": self.timings}
+                "orphans_taken": len(self.orphans), "persisted_bytes": self.persisted_bytes, "timings": self.timings}
 
     async def _sweep_until_quiet(self, t0: float) -> float:
         persist_s = 0.0
+        next_orphan_check = t0 + ORPHAN_CHECK_EVERY_S
         while True:
             persist_s += await self.sweep()
+            if time.perf_counter() >= next_orphan_check:
+                next_orphan_check = time.perf_counter() + ORPHAN_CHECK_EVERY_S
+                await self._take_orphans()
             deadline = time.perf_counter() + SWEEP_EVERY_S
             while time.perf_counter() < deadline:
                 if await self._quiet():
@@ -120,6 +131,16 @@ class SwitchJob:
         self.taken += res.rids
         self.persisted_bytes += res.persisted_bytes
         return res.persist_s
+
+    async def _take_orphans(self) -> None:
+        try:
+            taken = await watchdog.check_once(self.side, stale_s=ORPHAN_STALE_S)
+        except Exception:  # a missed check is made again at the next one; the switch goes on
+            logger.exception("orphan check during the switch failed")
+            return
+        if taken:
+            logger.warning("switch: %d orphaned halves taken off (rooms %s)", len(taken), taken)
+            self.orphans += taken
 
     async def _quiet(self) -> bool:
         st = await self.side.channel.call(Status())

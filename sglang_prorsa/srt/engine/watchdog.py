@@ -7,6 +7,10 @@ instance of each half queued longer than ``STALE_S`` whether it still holds that
 has the request); a half whose prefill side let go -- on two checks in a row, since a transfer that just completed
 also lets go -- is taken off here and continued elsewhere from its prompt. A prefill instance that does not answer is
 treated as lost (``PeerLost``). Prefill halves whose decode half nobody holds are answered as handed on likewise.
+
+This loop stands aside while the instance switches roles; the switch runs the same check itself, sooner
+(``switch.ORPHAN_STALE_S``), because its quiesce waits on exactly these halves: a 5,000-request soak saw one orphaned
+decode half hold a switch -- and every switch after it -- for SGLang's 300 s transfer timeout.
 """
 
 from __future__ import annotations
@@ -44,9 +48,10 @@ async def watch_orphans(side: Any) -> None:
             logger.exception("orphan check failed")
 
 
-async def check_once(side: Any) -> list[int]:
+async def check_once(side: Any, stale_s: float = STALE_S) -> list[int]:
+    """One check of the halves queued longer than ``stale_s``; returns the rooms taken off here."""
     inv = await side.channel.call(Inventory())
-    stale = [q for q in inv.queued if q.waited_s > STALE_S and q.bootstrap_room is not None]
+    stale = [q for q in inv.queued if q.waited_s > stale_s and q.bootstrap_room is not None]
     if not stale:
         side.orphan_suspects = set()
         return []

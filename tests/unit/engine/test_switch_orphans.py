@@ -1,0 +1,87 @@
+"""A switch does not wait on an orphaned decode half: the watchdog's check runs while it sweeps (issue 14)."""
+
+import asyncio
+import time
+from collections import Counter
+from types import SimpleNamespace
+
+from sglang_prorsa.srt.engine import switch, watchdog
+from sglang_prorsa.srt.messages import Inventory, InventoryResult, MigrateOutResult, QueuedItem, Status
+
+
+class _Side:
+    """A decode instance with one half queued for ``waited_s``, whose prefill peer holds ``held`` rooms."""
+
+    def __init__(self, waited_s: float, held: list[int]):
+        self.role = "decode"
+        self.admitting = True
+        self.entering = 0
+        self.orphan_suspects: set[int] = set()
+        self.counters: Counter = Counter()
+        self.queued = [QueuedItem("r1", 77, "127.0.0.1", 9001, (1, 2, 3), waited_s)]
+        self.held = held
+        self.released_here: list[list[int]] = []
+        self.peer = SimpleNamespace(instance_id="p", url="http://p", bootstrap_host="127.0.0.1", bootstrap_port=9001)
+        self.peers = SimpleNamespace(by_bootstrap=lambda h, p: self.peer if (h, p) == ("127.0.0.1", 9001) else None)
+        self.channel = SimpleNamespace(call=self._call)
+        self.book: list = []
+
+    async def _call(self, msg, timeout_s=None):
+        if isinstance(msg, Inventory):
+            return InventoryResult(role="decode", with_kv=[], queued=list(self.queued))
+        if isinstance(msg, Status):
+            return SimpleNamespace(idle=not self.queued)
+        return MigrateOutResult(role="decode", rids=[], rooms=[], persisted_bytes=0, persist_s=0.0)
+
+    async def post_json(self, url, body, timeout_s=None):
+        assert url == "http://p/prorsa/held_rooms"
+        return 200, {"held": [r for r in body["rooms"] if r in self.held]}
+
+    def expect_queued(self, items, role):
+        self.book += [i.rid for i in items]
+
+    async def release_here(self, rooms, only_not_started=False):
+        self.released_here.append(list(rooms))
+        self.queued = [q for q in self.queued if q.bootstrap_room not in rooms]
+        return ["r1"], list(rooms)
+
+    async def release_prefill_halves(self, items, only_not_started=True):
+        return {}  # the prefill side says: begun (or gone), not taken there
+
+
+def test_an_unheld_half_is_taken_on_the_second_check_in_a_row():
+    side = _Side(waited_s=5.0, held=[])
+    assert asyncio.run(watchdog.check_once(side, stale_s=3.0)) == []  # a suspect: may be a transfer just done
+    assert asyncio.run(watchdog.check_once(side, stale_s=3.0)) == [77]
+    assert side.book == ["r1"] and side.released_here == [[77]] and side.counters["orphans_continued"] == 1
+
+
+def test_held_or_recent_halves_are_left_alone():
+    held = _Side(waited_s=5.0, held=[77])
+    for _ in range(3):
+        assert asyncio.run(watchdog.check_once(held, stale_s=3.0)) == []
+    recent = _Side(waited_s=5.0, held=[])
+    for _ in range(3):  # the serving watchdog's own bound (20 s) is not reached
+        assert asyncio.run(watchdog.check_once(recent)) == []
+    assert held.released_here == recent.released_here == []
+
+
+def test_a_switch_takes_an_orphan_off_and_quiesces(monkeypatch):
+    monkeypatch.setattr(switch, "ORPHAN_CHECK_EVERY_S", 0.05)
+    side = _Side(waited_s=5.0, held=[])
+    job = switch.SwitchJob(side, new_role="prefill", timeout_s=20.0, cpu=True)
+    asyncio.run(asyncio.wait_for(job._sweep_until_quiet(time.perf_counter()), timeout=10))
+    assert job.orphans == [77] and side.queued == []
+    assert job.report()["orphans_taken"] == 1
+
+
+def test_a_switch_waits_for_a_half_its_prefill_still_holds(monkeypatch):
+    monkeypatch.setattr(switch, "ORPHAN_CHECK_EVERY_S", 0.05)
+    side = _Side(waited_s=5.0, held=[77])
+    job = switch.SwitchJob(side, new_role="prefill", timeout_s=1.0, cpu=True)
+    try:
+        asyncio.run(job._sweep_until_quiet(time.perf_counter()))
+        raise AssertionError("quiesced with a held half still queued")
+    except switch.SwitchFailed as e:
+        assert e.status == 503
+    assert job.orphans == [] and side.released_here == []
