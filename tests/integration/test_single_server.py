@@ -65,3 +65,15 @@ def test_a_token_id_outside_the_vocabulary_is_a_400_and_the_server_lives_on(sing
         else:
             assert "field 'input_ids'" in r.text  # a stream's error event
     assert len(generate_ids(single_server.url, [5, 7, 9], 3)) == 3
+
+
+def test_a_sampling_parameters_list_that_does_not_fit_the_prompts_is_a_400(single_server):
+    # SGLang 0.5.23 alone indexes the list unchecked: an empty one was a 500 (found by the generation fuzz test).
+    for params in ([], [{"max_new_tokens": 2}]):
+        r = requests.post(single_server.url + "/generate", timeout=120,
+                          json={"input_ids": [5, 7, 9], "sampling_params": params})
+        assert r.status_code == 400 and "field 'sampling_params'" in r.text, r.text
+    r = requests.post(single_server.url + "/generate", timeout=120,
+                      json={"input_ids": [[5, 7], [9, 11]], "sampling_params": [{"max_new_tokens": 2}]})
+    assert r.status_code == 400 and "1 objects for 2 prompts" in r.text, r.text
+    assert len(generate_ids(single_server.url, [5, 7, 9], 3)) == 3

@@ -56,6 +56,7 @@ def wrap_generate_request(original):
                 yield out
             return
         check_token_ids(obj.input_ids, getattr(getattr(self, "model_config", None), "vocab_size", None))
+        check_sampling_params(obj)
         if side.rebuilding:  # the scheduler is mid-rebuild: nothing reaches it until its new role is up
             await side.rebuilt()
         role = _header(request, ROLE_HEADER)
@@ -101,6 +102,24 @@ def check_token_ids(input_ids: Any, vocab_size: int | None) -> None:
             bad = next(t for t in row if not 0 <= t < vocab_size)
             raise ValueError(f"field 'input_ids': token id {bad} is outside the model's vocabulary "
                              f"[0, {vocab_size})")
+
+
+def check_sampling_params(obj: Any) -> None:
+    """A list of sampling parameters must be one object per prompt: SGLang 0.5.23 indexes it without checking, and an
+    empty list, a list for a single prompt or one of another length ends in a 500. A ValueError is SGLang's 400."""
+    params = getattr(obj, "sampling_params", None)
+    if not isinstance(params, list):
+        return
+    text, ids = getattr(obj, "text", None), getattr(obj, "input_ids", None)
+    if isinstance(text, list):
+        prompts = len(text)
+    elif isinstance(ids, list) and ids and isinstance(ids[0], list):
+        prompts = len(ids)
+    else:
+        raise ValueError("field 'sampling_params': a single prompt takes one object, not a list")
+    if len(params) != prompts:
+        raise ValueError(f"field 'sampling_params': {len(params)} objects for {prompts} prompts (one per prompt, "
+                         "or one object for all)")
 
 
 def _swept_later(side: EngineSide, obj: Any, role: str | None) -> bool:

@@ -122,6 +122,44 @@ def test_front_generation_refuses_garbage(urls, body):
         assert r.status_code < 500, (path, r.status_code, r.text[:300])
 
 
+VOCAB = 1024  # the embedded tiny model's
+prompt_ids = st.one_of(st.lists(st.integers(-3, VOCAB + 50), max_size=6), json_values)
+sampling_params = st.one_of(json_values, st.fixed_dictionaries(
+    {"max_new_tokens": st.one_of(st.integers(-2, 3), st.text(max_size=3), st.lists(st.integers(), max_size=2),
+                                 st.floats(-2, 3))},  # never the default (128) or a huge count: bounded time
+    optional={"temperature": st.one_of(st.floats(-1, 3), st.text(max_size=2)), "top_p": st.floats(-0.5, 1.5),
+              "top_k": st.integers(-3, 5), "ignore_eos": st.booleans(), "stop": st.lists(st.text(max_size=3),
+                                                                                         max_size=2)}))
+
+
+def _runs_long(sampling) -> bool:
+    if not isinstance(sampling, dict):
+        return False  # SGLang's default (128 new tokens) at most
+    n = sampling.get("max_new_tokens", 128)
+    return not isinstance(n, (str, list, dict, bool)) and (n is None or n > 3)
+
+
+@settings(max_examples=160, **SETTINGS)
+@given(ids=prompt_ids, sampling=sampling_params)
+def test_front_generation_with_prompts_is_answered_or_refused(urls, ids, sampling):
+    """Bodies SGLang does run, with ids inside and outside the vocabulary and odd sampling parameters: never a
+    5xx (an out-of-vocabulary id once killed a scheduler), and a run stops within its max_new_tokens."""
+    if _runs_long(sampling):
+        return
+    r = post(urls["front"] + "/generate", {"input_ids": ids, "sampling_params": sampling})
+    assert r.status_code < 500, (ids, sampling, r.status_code, r.text[:300])
+    flat = ids if isinstance(ids, list) and all(type(t) is int for t in ids) else None
+    if flat and (min(flat) < 0 or max(flat) >= VOCAB):  # refused; naming input_ids when nothing else is wrong
+        assert 400 <= r.status_code < 500, r.text[:300]
+        if sampling is None or sampling == {}:
+            assert "input_ids" in r.text, r.text[:300]
+    if flat and isinstance(sampling, list):
+        assert r.status_code in (400, 422), r.text[:300]
+    if r.status_code == 200:
+        limit = sampling.get("max_new_tokens", 128) if isinstance(sampling, dict) else 128
+        assert len(r.json()["output_ids"]) <= max(1, int(limit))
+
+
 # -- an instance --------------------------------------------------------------------------------------------------
 
 @settings(max_examples=1500, **SETTINGS)

@@ -36,3 +36,22 @@ def test_token_ids_outside_the_vocabulary_are_refused_naming_the_field():
             check_token_ids(ids, 1024)
     with pytest.raises(ValueError, match="field 'input_ids': token ids must be integers"):
         check_token_ids([1, "x"], 1024)
+
+
+def test_a_list_of_sampling_parameters_must_be_one_per_prompt():
+    import pytest
+
+    from sglang_prorsa.srt.engine.hooks import check_sampling_params
+
+    def req(**kw):
+        return SimpleNamespace(**{"text": None, "input_ids": None, "sampling_params": None, **kw})
+
+    check_sampling_params(req(input_ids=[1, 2], sampling_params={"max_new_tokens": 2}))
+    check_sampling_params(req(input_ids=[[1], [2]], sampling_params=[{}, {}]))
+    check_sampling_params(req(text=["a", "b", "c"], sampling_params=[{}, {}, {}]))
+    for bad, match in ((req(input_ids=[0], sampling_params=[]), "single prompt"),
+                       (req(text="a", sampling_params=[{}]), "single prompt"),
+                       (req(input_ids=[[1], [2]], sampling_params=[{}]), "1 objects for 2 prompts"),
+                       (req(text=["a"], sampling_params=[]), "0 objects for 1 prompts")):
+        with pytest.raises(ValueError, match=f"field 'sampling_params': .*{match}"):
+            check_sampling_params(bad)
