@@ -109,6 +109,17 @@ def instance_spec(config: ProrsaConfig, sglang_argv: list[str]) -> InstanceSpec:
         advertise_url=config.prorsa_advertise_url, switchable=pd and config.mode is Mode.INSTANCE)
 
 
+def check_kernels_importable() -> None:
+    """A busy switch exports KV through ``sglang_prorsa.kernels`` (installed from ``kernels/``): a broken install must
+    stop the launch here, not surface as a failed switch an hour into a rollout."""
+    try:
+        import sglang_prorsa.kernels  # noqa: F401
+    except ImportError as e:
+        raise SystemExit(f"prorsa: cannot import the KV export/import kernels (sglang_prorsa.kernels): {e}. The "
+                         "package install is broken (an editable install pointing at a removed checkout?); "
+                         "reinstall it (make env)") from e
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s prorsa] %(message)s", datefmt="%H:%M:%S")
@@ -120,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         parser.error(str(e))
     prepare_environment(argv)
+    check_kernels_importable()
 
     argv = check_model_path(parser, argv)
     config, sglang_argv = split_prorsa_flags(argv)

@@ -37,7 +37,10 @@ class KVSide:
         self.holds: dict[str, _Hold] = {}
         try:
             self.codec()  # load (or build once) the export/import kernels now, not during the first switch
-        except Exception:  # a pool layout the kernels do not support: switches fail loudly, serving goes on
+        except ImportError as e:  # a broken install: every switch of this instance would fail, so do not start
+            raise RuntimeError(f"prorsa: the KV export/import kernels cannot be imported ({e}); the package install "
+                               "is broken (an editable install pointing at a removed checkout?): reinstall it") from e
+        except (TypeError, ValueError):  # a pool layout the kernels do not support: switches fail, serving goes on
             logger.exception("prorsa: KV export kernels unavailable for this pool")
 
     @property
