@@ -32,6 +32,10 @@ from sglang_prorsa.srt.messages import RESUME_HEADER, ROLE_HEADER, Code, Migrate
 logger = logging.getLogger(__name__)
 
 MAX_MOVES = 16  # hand-backs under fast switching count as moves too
+# How long a request waits, in all, for an active prefill+decode pair to continue on. Waiting is not a move: a switch
+# (or a restart after a crash) brings a role back within seconds, and a request failed meanwhile is work lost for
+# an RL step. Only past this does the caller get an explicit error.
+NO_PAIR_WAIT_S = 120.0
 # Request fields a continuation carries over from the original (others are set here or meaningless for it).
 _CARRIED = ("return_logprob", "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs", "lora_path",
             "custom_logit_processor", "return_hidden_states", "priority")
@@ -75,6 +79,7 @@ class Continuation:
 
     async def run(self) -> AsyncIterator[dict[str, Any]]:
         failures: list[str] = []
+        waited_s, streak = 0.0, 0  # waited for a pair, over all moves; pair-less picks in a row
         while self.moves < MAX_MOVES:
             produced = len(self.stitcher.ids)
             sampling = remaining_sampling(self.obj.sampling_params, self.record, produced)
@@ -85,10 +90,16 @@ class Continuation:
             try:
                 prefill, decode = self.side.peers.pick_pair(prefer_prefill=self._prompt_holder())
             except NoPair as e:
+                if waited_s >= NO_PAIR_WAIT_S:
+                    failures.append(f"{e} for {waited_s:.0f} s")
+                    break
+                streak += 1
+                pause = min(2.0, 0.1 * 2 ** min(5, streak), NO_PAIR_WAIT_S - waited_s)
                 failures.append(str(e))
-                await asyncio.sleep(min(2.0, 0.1 * 2 ** len(failures)))  # a switch may be bringing one back
-                self.moves += 1
+                await asyncio.sleep(pause)  # a switch may be bringing one back
+                waited_s += pause
                 continue
+            streak = 0
             self.moves += 1
             failed_before = len(failures)
             async for out in self._attempt(prefill, decode, sampling, failures):

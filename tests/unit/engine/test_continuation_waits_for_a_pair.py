@@ -1,0 +1,70 @@
+"""A continuation waits for an active prefill+decode pair without spending its moves (srt/engine/continuation.py).
+
+Before, each pair-less pick counted as one of the 16 moves, so a request gave up after ~27 s without a prefill peer
+(a 5,000-request soak failed 20 requests with 503 while its instances were being switched). Now waiting is bounded
+by time (NO_PAIR_WAIT_S) and only past that is the caller told, explicitly."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_prorsa.srt.engine import continuation as cont
+from sglang_prorsa.srt.engine.peers import NoPair, Peer
+from sglang_prorsa.srt.messages import MigratedRequest, Stage
+
+
+class Peers:
+    def __init__(self, pair_after: int | None) -> None:
+        self.pair_after, self.picks = pair_after, 0
+
+    def pick_pair(self, exclude=frozenset(), prefer_prefill=None):
+        self.picks += 1
+        if self.pair_after is None or self.picks <= self.pair_after:
+            raise NoPair("no active prefill peer to continue on")
+        return (Peer("p", "http://p", "prefill", "active", "127.0.0.1", 1, 0),
+                Peer("d", "http://d", "decode", "active", "127.0.0.1", None, 0))
+
+
+def continuation(monkeypatch, peers: Peers) -> tuple[cont.Continuation, list[float]]:
+    pauses: list[float] = []
+
+    async def sleep(s: float) -> None:
+        pauses.append(s)
+
+    monkeypatch.setattr(cont.asyncio, "sleep", sleep)
+    stitcher = SimpleNamespace(ids=[1, 2], finished=False, rid="r0", rebase=lambda: None)
+
+    async def attempt(self, prefill, decode, sampling, failures):
+        self.stitcher.finished = True
+        yield {"to": (prefill.instance_id, decode.instance_id), "max_new_tokens": sampling["max_new_tokens"]}
+
+    monkeypatch.setattr(cont.Continuation, "_attempt", attempt)
+    record = MigratedRequest(rid="r0", role="decode", stage=Stage.RUNNING, input_ids=[5, 6, 7], output_ids=[1, 2],
+                             sampling_params={"max_new_tokens": 8})
+    side = SimpleNamespace(peers=peers)
+    obj = SimpleNamespace(sampling_params={"max_new_tokens": 10})
+    return cont.Continuation(side, obj, record, stitcher, headers={}), pauses
+
+
+async def collect(c: cont.Continuation) -> list[dict]:
+    return [out async for out in c.run()]
+
+
+def test_many_pairless_picks_do_not_spend_the_moves(monkeypatch):
+    c, pauses = continuation(monkeypatch, Peers(pair_after=3 * cont.MAX_MOVES))
+    outs = asyncio.run(collect(c))
+    assert outs == [{"to": ("p", "d"), "max_new_tokens": 8}]  # 10 asked, 2 already produced
+    assert c.moves == 1
+    assert len(pauses) == 3 * cont.MAX_MOVES and max(pauses) == 2.0
+    assert sum(pauses) < cont.NO_PAIR_WAIT_S
+
+
+def test_no_pair_at_all_fails_explicitly_after_the_wait(monkeypatch):
+    c, pauses = continuation(monkeypatch, Peers(pair_after=None))
+    with pytest.raises(cont.ResumeFailed, match=r"no active prefill peer to continue on for 120 s"):
+        asyncio.run(collect(c))
+    assert sum(pauses) == pytest.approx(cont.NO_PAIR_WAIT_S)
+    assert c.moves == 0
