@@ -94,7 +94,7 @@ class Continuation:
                     failures.append(f"{e} for {waited_s:.0f} s")
                     break
                 streak += 1
-                pause = min(2.0, 0.1 * 2 ** min(5, streak), NO_PAIR_WAIT_S - waited_s)
+                pause = min(2.0, 0.1 * 2 ** streak, NO_PAIR_WAIT_S - waited_s)
                 failures.append(str(e))
                 await asyncio.sleep(pause)  # a switch may be bringing one back
                 waited_s += pause
