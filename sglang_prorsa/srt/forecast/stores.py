@@ -19,7 +19,6 @@ per store, each with at most ``history`` completed and ``history`` censored dura
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -46,45 +45,82 @@ class DurationClass:
     recent completions has the duration distribution in steady state; running items must not be added to it, they
     would count the long durations twice)."""
 
-    __slots__ = ("completed", "starts", "censored", "censored_starts", "evicted_start", "_sum", "_hist", "_curves")
+    # Numpy ring buffers, not deques: a refresh reads every history as an array, and converting a 2,048-entry deque
+    # cost more than the rest of a class's curve. They grow by doubling up to ``history`` (memory follows what was
+    # recorded, as with deques); once full, each new entry overwrites the oldest.
+    __slots__ = ("history", "_done", "_done_starts", "_n_done", "_cens", "_cens_starts", "_n_cens", "evicted_start",
+                 "_sum", "_hist", "_curves")
 
     def __init__(self, history: int) -> None:
-        self.completed: deque[float] = deque(maxlen=history)
-        self.starts: deque[float] = deque(maxlen=history)
-        self.censored: deque[float] = deque(maxlen=history)
-        self.censored_starts: deque[float] = deque(maxlen=history)
+        self.history = int(history)
+        first = min(self.history, 16)
+        self._done, self._done_starts, self._n_done = np.empty(first), np.empty(first), 0
+        self._cens, self._cens_starts, self._n_cens = np.empty(0), np.empty(0), 0
         self.evicted_start = -math.inf  # the cohort is what started after this
         self._sum = 0.0
         self._hist: tuple | None = None  # (dt, histograms), rebuilt when dirty
         self._curves: tuple | None = None  # (dt, CurveHistory, complete-sample curve or None), likewise
 
     def record(self, duration: float, completed: bool, end: float = 0.0) -> None:
-        values, starts = (self.completed, self.starts) if completed else (self.censored, self.censored_starts)
-        if len(values) == values.maxlen:
-            self.evicted_start = max(self.evicted_start, starts[0])
+        if completed:
+            values, starts, n = self._done, self._done_starts, self._n_done
+            self._n_done = n + 1
+        else:
+            values, starts, n = self._cens, self._cens_starts, self._n_cens
+            self._n_cens = n + 1
+        if n >= self.history:  # full: overwrite the oldest
+            i = n % self.history
+            oldest = float(starts[i])
+            if oldest > self.evicted_start:
+                self.evicted_start = oldest
             if completed:
-                self._sum -= values[0]
-        values.append(duration)
-        starts.append(end - duration)
+                self._sum -= float(values[i])
+        else:
+            i = n
+            if n == values.size:
+                values, starts = self._grow(completed, n)
+        values[i] = duration
+        starts[i] = end - duration
         if completed:
             self._sum += duration
         self._hist = self._curves = None
 
+    def _grow(self, completed: bool, n: int) -> tuple[np.ndarray, np.ndarray]:
+        size = min(self.history, max(16, 2 * n))
+        old = (self._done, self._done_starts) if completed else (self._cens, self._cens_starts)
+        values, starts = np.empty(size), np.empty(size)
+        values[:n], starts[:n] = old[0][:n], old[1][:n]
+        if completed:
+            self._done, self._done_starts = values, starts
+        else:
+            self._cens, self._cens_starts = values, starts
+        return values, starts
+
     @property
     def count(self) -> int:
-        return len(self.completed)
+        return min(self._n_done, self.history)
 
     @property
     def mean(self) -> float:
-        return self._sum / len(self.completed) if self.completed else 0.0
+        return self._sum / self.count if self._n_done else 0.0
+
+    @property
+    def completed(self) -> np.ndarray:
+        """The completed durations kept, oldest first (diagnostics and tests; the refresh reads the buffers)."""
+        return _in_order(self._done, self._n_done, self.history)
+
+    @property
+    def censored(self) -> np.ndarray:
+        return _in_order(self._cens, self._n_cens, self.history)
 
     def histograms(self, dt: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(cohort completions, cohort censored, all completions, all censored) per grid point."""
+        """(cohort completions, cohort censored, all completions, all censored) per grid point (bin counts: the
+        order within the buffers does not matter)."""
         if self._hist is None or self._hist[0] != dt:
-            done = np.fromiter(self.completed, np.float64, len(self.completed))
-            cens = np.fromiter(self.censored, np.float64, len(self.censored))
-            in_done = np.fromiter(self.starts, np.float64, len(self.starts)) > self.evicted_start
-            in_cens = np.fromiter(self.censored_starts, np.float64, len(self.censored_starts)) > self.evicted_start
+            nd, nc = min(self._n_done, self.history), min(self._n_cens, self.history)
+            done, cens = self._done[:nd], self._cens[:nc]
+            in_done = self._done_starts[:nd] > self.evicted_start
+            in_cens = self._cens_starts[:nc] > self.evicted_start
             hist = lambda x, bins: np.bincount(bins(x, dt), minlength=1).astype(np.float64)  # noqa: E731
             self._hist = (dt, hist(done[in_done], event_bins), hist(cens[in_cens], censor_bins),
                           hist(done, event_bins), hist(cens, censor_bins))
@@ -105,6 +141,13 @@ class DurationClass:
             curve = GridCurve(ev_all, ce_all, dt, self.mean)
             self._curves = (dt, history, curve)
         return curve
+
+
+def _in_order(buffer: np.ndarray, n: int, history: int) -> np.ndarray:
+    if n <= history:
+        return buffer[:n].copy()
+    i = n % history
+    return np.concatenate((buffer[i:], buffer[:i]))
 
 
 class DurationStore:
@@ -147,7 +190,7 @@ class DurationStore:
         for cls in classes:
             cls.record(duration, completed, end)
             if completed:
-                n = len(cls.completed)
+                n = cls.count
                 if n == 1 or n == self.min_samples:
                     self.version += 1  # the class resolution (``resolve``) changes only here
 
