@@ -180,3 +180,19 @@ def window_dicts(windows) -> list[dict]:
     return [{"start": w.start, "end": w.end, "forecast_arrivals": w.forecast_arrivals,
              "realised_arrivals": w.realised_arrivals, "backlog": w.backlog,
              "forecast_decode": w.forecast_decode, "realised_decode": w.realised_decode} for w in windows]
+
+
+# Two-sided 95 % Student t quantiles by degrees of freedom (more than 10: the normal's 1.96 is close enough).
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def interval95(values: list[float]) -> list[float] | None:
+    """The 95 % t-interval of the mean of paired per-seed ratios (None below two finite values). The seeds draw
+    different workloads, and at GPU-bound loads a step waits in queues, so the spread between seeds is the honest
+    yardstick for a difference of a few percent."""
+    xs = [x for x in values if x == x and abs(x) != float("inf")]
+    if len(xs) < 2:
+        return None
+    half = T95.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / len(xs) ** 0.5
+    mean = statistics.fmean(xs)
+    return [mean - half, mean + half]

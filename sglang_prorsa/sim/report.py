@@ -10,10 +10,13 @@ def _pct(v) -> str:
 
 def _table(rows: list[dict]) -> list[str]:
     out = ["| workload | staleness | groups/step | GPU-bound | colocated s | best static | static s | adaptive s | "
-           "adaptive / best static (per seed) | adaptive / colocated | switches / step | paid | WAPE P / D |",
+           "adaptive / best static (per seed; 95 % interval) | adaptive / colocated | switches / step | paid | WAPE P / D |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         seeds = ", ".join(f"{x:.3f}" for x in r["adaptive_over_best_seeds"])
+        ci = r.get("adaptive_over_best_ci95")
+        if ci:
+            seeds += f"; {ci[0]:.2f}-{ci[1]:.2f}"
         bound = {True: "yes", False: "no", None: "-"}[r.get("gpu_bound")]
         wape = "-" if r["wape_prefill"] is None else f"{_pct(r['wape_prefill'])} / {_pct(r['wape_decode'])}"
         out.append(f"| {r['preset']} | {r['staleness']} | {r['groups']} | {bound} | {r['colocated_s']:.0f} | "
@@ -21,6 +24,24 @@ def _table(rows: list[dict]) -> list[str]:
                    f"**{r['adaptive_over_best']:.3f}** ({seeds}) | {r['adaptive_over_colocated']:.2f} | "
                    f"{r['switches_per_step']:.1f} | {_pct(r['switches_paid_share'])} | {wape} |")
     return out
+
+
+def _reading(bound: list[dict]) -> list[str]:
+    """What the seeds allow us to say about the 1.02 target, row by row."""
+    name = lambda r: f"{r['preset']}/{r['staleness']}/{r['groups']}"  # noqa: E731
+    with_ci = [r for r in bound if r.get("adaptive_over_best_ci95")]
+    if not with_ci:
+        return []
+    above = [name(r) for r in with_ci if r["adaptive_over_best_ci95"][0] > 1.02]
+    unsure = [name(r) for r in with_ci if r["adaptive_over_best"] > 1.02 >= r["adaptive_over_best_ci95"][0]]
+    below = [name(r) for r in with_ci if r["adaptive_over_best_ci95"][1] <= 1.02]
+    widths = [(r["adaptive_over_best_ci95"][1] - r["adaptive_over_best_ci95"][0]) / 2 for r in with_ci]
+    return [f"Seed to seed (95 % t-interval of the per-seed ratios, half-width {min(widths):.3f}-{max(widths):.3f}): "
+            f"whole interval at or below 1.02 in {len(below)} of {len(with_ci)} GPU-bound rows"
+            + (f" ({', '.join(below)})" if below else "") + "; "
+            + (f"point estimate above 1.02 but 1.02 inside the interval: {', '.join(unsure)}; " if unsure else "")
+            + (f"reliably above 1.02 (whole interval): {', '.join(above)}." if above else
+               "no row is reliably above 1.02 (whole interval)."), ""]
 
 
 def _idle(rows: list[dict]) -> list[str]:
@@ -101,6 +122,7 @@ def markdown(result: dict, model: str, assumed: dict[str, str], paper: dict[str,
                       f"**{worst['adaptive_over_best']:.3f}** ({worst['preset']}, staleness {worst['staleness']}, "
                       f"{worst['groups']} groups): the <= 1.02 target is {'met' if ok else 'NOT met'} in every "
                       "GPU-bound row.", ""]
+            lines += _reading(bound)
             missing = sorted({(r["preset"], r["staleness"]) for r in rows} - {(r["preset"], r["staleness"])
                                                                               for r in bound})
             if missing:
@@ -147,8 +169,8 @@ def markdown(result: dict, model: str, assumed: dict[str, str], paper: dict[str,
 
 def _cli(result: dict) -> list[str]:
     args = result.get("args", {})
-    keep = ("model", "seeds", "jobs")
-    out = [f"--{k} {args[k]}" for k in keep if k in args]
+    keep = ("model", "seeds", "async_measured", "max_sim_s", "jobs")
+    out = [f"--{k.replace('_', '-')} {args[k]}" for k in keep if k in args]
     if args.get("out") and "sim_grid_" in str(args.get("out")):
         out.append(f"--out {args['out'].split('benchmarks/', 1)[-1] if 'benchmarks/' in args['out'] else args['out']}")
-    return out + (["--shift"] if result.get("shift") else [])
+    return out + (["--shift"] if result.get("shift") else []) + (["--wide"] if result.get("wide") else [])

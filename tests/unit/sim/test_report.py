@@ -1,0 +1,43 @@
+"""The grid report: per-seed intervals, and what they allow us to say about the 1.02 target."""
+
+import math
+
+import pytest
+
+from sglang_prorsa.sim.metrics import interval95
+from sglang_prorsa.sim.report import markdown
+
+
+def test_interval95_is_the_student_t_interval_of_the_mean():
+    lo, hi = interval95([1.0, 1.1, 0.9, 1.0])
+    sd = math.sqrt(((0.0) ** 2 + 0.1 ** 2 + 0.1 ** 2 + 0.0) / 3)
+    assert (lo, hi) == pytest.approx((1.0 - 3.182 * sd / 2, 1.0 + 3.182 * sd / 2))
+    assert interval95([1.0]) is None and interval95([1.0, float("inf")]) is None and interval95([]) is None
+    assert interval95([1.0, float("nan"), 1.2]) == pytest.approx([1.1 - 12.706 * math.sqrt(0.02) / math.sqrt(2),
+                                                                 1.1 + 12.706 * math.sqrt(0.02) / math.sqrt(2)])
+
+
+def _row(preset, ratio, seeds, bound=True):
+    return {"preset": preset, "staleness": 2, "groups": 16, "gpu_bound": bound, "colocated_s": 100.0,
+            "best_static": "2:6", "best_static_s": 100.0, "adaptive_s": 100.0 * ratio, "adaptive_over_best": ratio,
+            "adaptive_over_best_seeds": seeds, "adaptive_over_best_ci95": interval95(seeds),
+            "adaptive_over_colocated": ratio, "switches_per_step": 1.0, "switches_paid_share": 1.0,
+            "wape_prefill": None, "wape_decode": None, "interference": dict.fromkeys(MODES, 0.0),
+            "imbalance": dict.fromkeys(MODES, 0.0), "prefix_hit": dict.fromkeys(MODES, 0.0)}
+
+
+MODES = ("colocated", "best static", "adaptive")
+
+
+def test_report_reads_each_gpu_bound_row_against_its_interval():
+    rows = [_row("tight", 1.00, [0.99, 1.00, 1.01, 1.00]),        # interval inside 1.02
+            _row("unsure", 1.05, [0.95, 1.15, 1.00, 1.10]),       # above 1.02, interval reaches below it
+            _row("slower", 1.10, [1.09, 1.10, 1.11, 1.10]),       # whole interval above 1.02
+            _row("light", 1.30, [1.30, 1.30], bound=False)]       # not GPU-bound: not judged
+    text = markdown({"rows": rows, "args": {"model": "m", "seeds": "4"}}, "m", {}, {})
+    assert "the <= 1.02 target is NOT met in every GPU-bound row" in text
+    assert "at most **1.100** (slower, staleness 2, 16 groups)" in text
+    assert "whole interval at or below 1.02 in 1 of 3 GPU-bound rows (tight/2/16)" in text
+    assert "point estimate above 1.02 but 1.02 inside the interval: unsure/2/16" in text
+    assert "reliably above 1.02 (whole interval): slower/2/16." in text
+    assert "**1.000** (0.990, 1.000, 1.010, 1.000; 0.99-1.01)" in text
