@@ -10,7 +10,8 @@ def _pct(v) -> str:
 
 def _table(rows: list[dict]) -> list[str]:
     out = ["| workload | staleness | groups/step | GPU-bound | colocated s | best static | static s | adaptive s | "
-           "adaptive / best static (per seed; 95 % interval) | adaptive / colocated | switches / step | paid | WAPE P / D |",
+           "adaptive / best static (per seed; 95 % interval) | adaptive / colocated | switches / step | paid | "
+           "WAPE P / D |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         seeds = ", ".join(f"{x:.3f}" for x in r["adaptive_over_best_seeds"])
