@@ -216,7 +216,8 @@ def _prompt_size(body: dict) -> int:
     """Prompt tokens for load accounting: exact for token ids, ~4 characters a token otherwise."""
     ids = body.get("input_ids")
     if isinstance(ids, list):
-        return sum(len(x) for x in ids) if ids and isinstance(ids[0], list) else len(ids)
+        # A malformed batch ([[1], None], [[1], 2.5]) is SGLang's to refuse with a 4xx; counting must not raise.
+        return sum(len(x) for x in ids if isinstance(x, list)) if ids and isinstance(ids[0], list) else len(ids)
     for key in ("text", "prompt"):
         v = body.get(key)
         if isinstance(v, str):

@@ -32,6 +32,8 @@ def test_a_batch_gets_one_room_per_prompt_and_client_fields_are_replaced():
 @pytest.mark.parametrize("body,size", [
     ({"input_ids": [1, 2, 3]}, 3), ({"input_ids": [[1, 2], [3]]}, 3), ({"text": "x" * 40}, 11),
     ({"messages": [{"role": "user", "content": "y" * 8}]}, 6), ({}, 0),
+    # malformed batches (found by the HTTP fuzz test: they were a 500): counted without raising, SGLang refuses them
+    ({"input_ids": [[1, 2], None]}, 2), ({"input_ids": [[1], 2.5, "x", {}]}, 1), ({"text": [None, "abcd", 3]}, 2),
 ])
 def test_prompt_size_for_load_accounting(body, size):
     assert _prompt_size(body) == size
