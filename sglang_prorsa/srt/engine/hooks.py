@@ -89,11 +89,19 @@ def wrap_tokenize_one_request(original):
 
 def check_token_ids(input_ids: Any, vocab_size: int | None) -> None:
     """Refuse token ids outside the model's vocabulary: SGLang 0.5.23 passes them to the embedding, whose index error
-    kills the scheduler -- and every request on the instance with it. A ValueError is SGLang's route's 400."""
-    if not vocab_size or not input_ids:
+    kills the scheduler -- and every request on the instance with it. So does an empty prompt inside a batch
+    (``[[]]``, ``[[1, 2], []]``): SGLang refuses only a flat empty list, and a prefill of 0 tokens fails in the model's
+    forward. A ValueError is SGLang's route's 400."""
+    if not input_ids:
         return
-    rows = input_ids if isinstance(input_ids[0], list) else [input_ids]
-    for row in rows:
+    batch = isinstance(input_ids[0], list)
+    rows = input_ids if batch else [input_ids]
+    for i, row in enumerate(rows):
+        if batch and not (isinstance(row, list) and row):
+            raise ValueError(f"field 'input_ids': prompt {i} of the batch is empty" if isinstance(row, list) else
+                             f"field 'input_ids': prompt {i} of the batch is not a list of token ids")
+        if not vocab_size:
+            continue
         try:
             outside = bool(row) and (min(row) < 0 or max(row) >= vocab_size)
         except TypeError:

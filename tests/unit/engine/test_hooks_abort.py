@@ -36,6 +36,12 @@ def test_token_ids_outside_the_vocabulary_are_refused_naming_the_field():
             check_token_ids(ids, 1024)
     with pytest.raises(ValueError, match="field 'input_ids': token ids must be integers"):
         check_token_ids([1, "x"], 1024)
+    # an empty prompt inside a batch reached the scheduler as a 0-token prefill and killed it (found by the fuzz test)
+    for ids, vocab in (([[]], 1024), ([[1, 2], []], 1024), ([[1], []], None)):
+        with pytest.raises(ValueError, match=r"field 'input_ids': prompt \d of the batch is empty"):
+            check_token_ids(ids, vocab)
+    with pytest.raises(ValueError, match="field 'input_ids': prompt 1 of the batch is not a list of token ids"):
+        check_token_ids([[1], 5], 1024)
 
 
 def test_a_list_of_sampling_parameters_must_be_one_per_prompt():
