@@ -3,7 +3,6 @@
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,19 +11,15 @@ from pathlib import Path
 import pytest
 import requests
 
+from sglang_prorsa.srt.utils import processes
+
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_LIMIT_S = 60
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def base_url():
-    port = _free_port()
+    port = processes.free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(
         [sys.executable, "-m", "sglang_prorsa.control_plane", "--host", "127.0.0.1", "--port", str(port)],

@@ -24,14 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from sglang_prorsa.srt.utils.processes import free_port
+
 LOOPBACK = "127.0.0.1"
 _LIVE: dict[int, "MasterProcess"] = {}
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
 
 
 def find_master_binary() -> Path:
@@ -150,8 +146,8 @@ def start_mooncake_master(
     attempts = 1 if port is not None else 3  # a free port can be taken between probing and binding it
     last: Exception | None = None
     for _ in range(attempts):
-        rpc_port = port if port is not None else _free_port()
-        m_port = metrics_port if metrics_port is not None else _free_port()
+        rpc_port = port if port is not None else free_port()
+        m_port = metrics_port if metrics_port is not None else free_port()
         log_path = log_dir / f"mooncake_master-{rpc_port}.log"
         env = dict(os.environ)
         env.setdefault("MC_TCP_BIND_ADDRESS", LOOPBACK)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -24,10 +25,39 @@ LOOPBACK = "127.0.0.1"
 _LIVE: dict[int, "ServerProcess"] = {}
 
 
+# The bands ``free_port`` draws from. A server binds its port 20-60 s after we choose it (after the model loads), so
+# the port must not be one anybody else is handed meanwhile: not the kernel's ephemeral range (bind(0) and every
+# outgoing connection draw from it; a CI run lost a server to that), nor SGLang's own band for the ports its children
+# bind later (22000-29999, ``get_free_port_below_ephemeral``, 0.5.23), nor Mooncake's transfer-engine RPC band
+# (15000-17000).
+PORT_BANDS = ((10000, 14999), (17001, 21999))
+_HANDED_OUT: set[int] = set()  # never hand the same port out twice from one process
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A loopback TCP port that is free now and that nobody else is likely to bind before our server does."""
+    ephemeral_low = _ephemeral_low()
+    candidates = [p for low, high in PORT_BANDS for p in range(low, min(high, ephemeral_low - 1) + 1)]
+    for port in random.sample(candidates, min(len(candidates), 256)):
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((LOOPBACK, port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # the bands are full: let the kernel choose
         s.bind((LOOPBACK, 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def loopback_env(extra: dict[str, str] | None = None) -> dict[str, str]:
