@@ -11,6 +11,9 @@ against the floor (a forecaster with the exact arrival probabilities), all measu
    the floor (workload/oracle.py); the ratio to persistence is the issue's target (<= 0.6).
 5. Robustness: the same ratio with the generator's distributions changed (tool-time shapes, turn counts, prewarm /
    cold mix).
+6. Sync steady state: the sync settings at 1,024 live over 7,200 s (about seven steps). A 2,400 s run holds two
+   steps and one training gap, which the forecaster has never seen (its prior) while the floor knows it exactly;
+   an RL run has hundreds of gaps, and this row measures the learned ones.
 
     PYTHONSAFEPATH=1 PYTHONPATH=. python benchmarks/bench_predictor.py [--quick] [--sections refresh,ingest,...]
         [--baseline DIR [--baseline-label TEXT]] [--keep-previous LABEL] [--out DIR]
@@ -444,6 +447,18 @@ def bench_accuracy(lives: list[int], seeds: list[int], duration_s: float) -> lis
     return rows
 
 
+def bench_sync_steady(live: int, seeds: list[int], duration_s: float) -> list[dict]:
+    rows = []
+    for name in ("coding_agent", "general_agent"):
+        spec = scaled(preset(name, "sync"), live)
+        row = {"setting": f"{name}/sync", "live": live, "duration_s": duration_s, **averaged(spec, seeds, duration_s)}
+        row.pop("series")  # the accuracy rows keep one for the plot; 720 windows here would only bloat the JSON
+        rows.append(row)
+        log.info("steady: %-20s live %4d over %.0f s prefill %.3f (floor %.3f, ratio to persistence %.2f)",
+                 row["setting"], live, duration_s, row["prefill"], row["prefill_floor"], row["prefill_ratio"])
+    return rows
+
+
 VARIANTS = {
     "preset": {},
     "tools gamma (light tail)": {"tool_shape": "gamma"},
@@ -608,14 +623,18 @@ def report(results: dict) -> None:
               f"{m.get('rss_start_mb', float('nan')):.0f} MB before, "
               + ", ".join(f"{n // 1000}k: {mb:.0f} MB" for n, mb in m["rss_mb"][:: max(1, len(m["rss_mb"]) // 5)])
               + f"; growth after warm-up {m['growth_after_warmup_mb']:.1f} MB; footprint {m['footprint']}")
-    if results.get("accuracy"):
-        print("\nWAPE over 10 s windows, same windows for all columns (floor: exact arrival probabilities)")
-        print(f"{'setting':<22} {'live':>5} | {'prefill':>7} {'persist':>7} {'floor':>7} {'ratio':>5} | "
-              f"{'decode':>7} {'persist':>7} {'floor':>7} {'ratio':>5}")
-        for r in results["accuracy"]:
-            print(f"{r['setting']:<22} {r['live']:>5} | {100 * r['prefill']:>6.2f}% {100 * r['prefill_persistence']:>6.2f}% "
-                  f"{100 * r['prefill_floor']:>6.2f}% {r['prefill_ratio']:>5.2f} | {100 * r['decode']:>6.2f}% "
-                  f"{100 * r['decode_persistence']:>6.2f}% {100 * r['decode_floor']:>6.2f}% {r['decode_ratio']:>5.2f}")
+    for key, title in (("accuracy", "WAPE over 10 s windows, same windows for all columns (floor: exact arrival "
+                                    "probabilities); /floor: ours over the floor"),
+                       ("sync_steady", "Sync steady state: the same over 7,200 s (several steps; every gap but the "
+                                       "first learned)")):
+        if results.get(key):
+            print(f"\n{title}")
+            print(f"{'setting':<22} {'live':>5} | {'prefill':>7} {'persist':>7} {'floor':>7} {'ratio':>5} {'/floor':>6} | "
+                  f"{'decode':>7} {'persist':>7} {'floor':>7} {'ratio':>5} {'/floor':>6}")
+            for r in results[key]:
+                print(f"{r['setting']:<22} {r['live']:>5} | " + " | ".join(
+                    f"{100 * r[k]:>6.2f}% {100 * r[f'{k}_persistence']:>6.2f}% {100 * r[f'{k}_floor']:>6.2f}% "
+                    f"{r[f'{k}_ratio']:>5.2f} {r[k] / r[f'{k}_floor']:>6.2f}" for k in ("prefill", "decode")))
     if results.get("robustness"):
         print("\nRobustness (async, ratio to persistence; target <= 0.6)")
         for r in results["robustness"]:
@@ -626,7 +645,7 @@ def report(results: dict) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller counts and shorter runs (a few minutes)")
-    parser.add_argument("--sections", default="refresh,ingest,memory,accuracy,robustness")
+    parser.add_argument("--sections", default="refresh,ingest,memory,accuracy,sync_steady,robustness")
     parser.add_argument("--baseline", type=Path, help="another checkout (e.g. `git archive <commit> | tar -x -C DIR`): "
                         "its refresh and ingest are measured too, alternating with this one's")
     parser.add_argument("--baseline-label", default="baseline", help="what --baseline is, for the JSON and the report")
@@ -666,6 +685,9 @@ def main() -> int:
     if "accuracy" in sections:
         results["accuracy"] = bench_accuracy([256, 1024], seeds=[1] if quick else [1, 2],
                                              duration_s=1200 if quick else 2400)
+    if "sync_steady" in sections:
+        results["sync_steady"] = bench_sync_steady(1024, seeds=[1] if quick else [1, 2],
+                                                   duration_s=3600 if quick else 7200)
     if "robustness" in sections:
         variants = dict(list(VARIANTS.items())[:4]) if quick else VARIANTS
         results["robustness"] = bench_robustness(256, seeds=[1] if quick else [1, 2],

@@ -9,15 +9,24 @@ the probability that it arrives before t + S (beyond the paper: no point estimat
 * group replenishment: group_size * P(the group's last member ends, then L < S), the members' completion CDFs
   multiplied (independent completions; only groups with every live member in reward, as in B.2)
 * fixed rate: rate * E[(S - L)+]
-* sync (steps.py): N_step * P(rest of the training gap + L < S), or, when every live trajectory is in reward,
-  the step's end (product of completion CDFs) followed by the gap and L.
+* sync (steps.py): the step's batch launches at one instant T (the rest of the training gap, or, when every live
+  trajectory is in reward, the step's end -- product of completion CDFs -- followed by the gap), then each sample's
+  first request follows after its own L: N_step * F_L(S - T_med).
+
+Beyond the paper, on the sync batch: its N_step samples launch together, so their arrivals are one correlated event,
+not N_step independent ones. The expectation N_step * P(T + L < S) would put a fraction of the batch into every
+window of an uncertain gap and be wrong in each of them (and wrong again in the window the batch lands in). Given T,
+the batch's share inside the window is F_L(S - T), a decreasing function of T, so the median of that share -- the
+best point forecast under absolute error (WAPE) -- is F_L(S - T_med), T_med the median launch time. Once the gap is
+learned (a trainer's gaps vary little) the two agree; they differ while the gap is uncertain, e.g. before the first
+gap has been seen, when the median forecasts no launch until one is more likely than not within S (a weights update
+inside the gap shortens the rest to the update -> launch delay).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from sglang_prorsa.srt.forecast.grid import chain_table, sum_cdf
 from sglang_prorsa.srt.forecast.sampler import InjectionPolicy
 from sglang_prorsa.srt.forecast.snapshot import Snapshot, SourceSums
 from sglang_prorsa.srt.lifecycle.states import TrajState
@@ -68,22 +77,26 @@ class NewSamples:
         """Rows: P(reward of trajectory i ends at or before grid point m from now), m = 0..bins-1."""
         store = self.stats.stores[Phase.REWARD]
         res, used, _ = store.resolve(ids, self.snap.radix, e.size)
-        b = np.floor(e / self.dt + 1e-9).astype(np.int64)
         out = np.empty((e.size, bins))
-        m = np.arange(bins)
         for j, key in enumerate(used):
             rows = np.flatnonzero(res == j)
-            curve = store.curve(key, self.dt)
-            last = curve.last
-            ext = curve.extended(max(last, 0) + bins + 2)
-            bj = b[rows]
-            tail = bj >= last
-            live = ~tail
-            if live.any():
-                base = ext[bj[live]]
-                out[rows[live]] = 1.0 - ext[bj[live, None] + m[None, :]] / np.maximum(base[:, None], 1e-300)
-            if tail.any():
-                out[rows[tail]] = 1.0 - np.exp(-(m + 0.5) * self.dt / curve.tail_mean_s)[None, :]
+            out[rows] = self.residual_cdf(store.curve(key, self.dt), e[rows], bins)
+        return out
+
+    def residual_cdf(self, curve, e: np.ndarray, bins: int) -> np.ndarray:
+        """Rows: P(a duration following ``curve`` ends at or before grid point m from now | e_i already spent)."""
+        b = np.floor(e / self.dt + 1e-9).astype(np.int64)
+        m = np.arange(bins)
+        out = np.empty((e.size, bins))
+        last = curve.last
+        ext = curve.extended(max(last, 0) + bins + 2)
+        tail = b >= last
+        live = ~tail
+        if live.any():
+            base = ext[b[live]]
+            out[live] = 1.0 - ext[b[live, None] + m[None, :]] / np.maximum(base[:, None], 1e-300)
+        if tail.any():
+            out[tail] = 1.0 - np.exp(-(m + 0.5) * self.dt / curve.tail_mean_s)[None, :]
         return np.clip(out, 0.0, 1.0)
 
     def _arrivals_after(self, done_cdf: np.ndarray, then_cdf: np.ndarray, h: float) -> float:
@@ -134,21 +147,23 @@ class NewSamples:
         if n_step <= 0:
             return
         bins = int(round(self.S / self.dt)) + 2
-        launch_store = self.stats.stores[Phase.LAUNCH]
-        launch_curve = launch_store.curve((len(launch_store.levels) - 1,), self.dt)
         gap = steps.gap_phase(self.snap.now)
-        if gap is not None:  # between steps: the rest of the gap, then the launch delay
+        if gap is not None:  # between steps: the launch is the rest of the gap
             store, e = gap
-            curve = store.curve((0,), self.dt)
-            self.launches = n_step * float(chain_table(curve, self.S).lookup(np.array([e]))[0])
-            q_s, q_h = (float(chain_table(curve, h, self.launch_cdf()).lookup(np.array([e]))[0]) if h > 0 else 0.0
-                        for h in (self.S, self.h))
-            sums.add_new(n_step * q_s, n_step * q_h, x_new)
-            return
-        idx = self.snap.members(TrajState.REWARD)
-        n = Snapshot.count(idx)
-        if not n or tr.live_count != n:
-            return  # some trajectory of the step is still working: the step cannot end (one-step assumption)
-        done = np.prod(self.completion_cdf(self.snap.ids(idx), self.snap.elapsed(idx), bins), axis=0)
-        then = sum_cdf([steps.gap.curve((0,), self.dt), launch_curve], bins)
-        sums.add_new(*(n_step * self._arrivals_after(done, then, h) for h in (self.S, self.h)), x_new)
+            launch_at = self.residual_cdf(store.curve((0,), self.dt), np.array([e]), bins)[0]
+        else:
+            idx = self.snap.members(TrajState.REWARD)
+            n = Snapshot.count(idx)
+            if not n or tr.live_count != n:
+                return  # some trajectory of the step is still working: the step cannot end (one-step assumption)
+            done = np.prod(self.completion_cdf(self.snap.ids(idx), self.snap.elapsed(idx), bins), axis=0)
+            gap_cdf = steps.gap.curve((0,), self.dt).cdf_from_start(bins)
+            launch_at = np.convolve(np.diff(np.concatenate(([0.0], done))), gap_cdf)[:bins]  # the step's end + G
+        median = np.flatnonzero(launch_at >= 0.5)  # T_med: the first grid point the launch is more likely than not by
+        if not median.size:
+            return  # no launch is likelier than not within S: the median of the batch's share is 0
+        k = int(median[0])
+        self.launches = float(n_step)
+        launch = self.launch_cdf()
+        shares = (float(launch[n - 1 - k]) if n > k else 0.0 for n in (int(round(h / self.dt)) for h in (self.S, self.h)))
+        sums.add_new(*(n_step * q for q in shares), x_new)

@@ -161,6 +161,34 @@ def test_weights_updated_marks_the_step_boundary():
     assert fc.sources.sampler == pytest.approx(2000.0) and fc.weight_version == "2"
 
 
+def one_sync_step(cp):
+    """One synchronous step of two samples: launched at 0, first requests 1 s later, the last reward ends at 20."""
+    tids = ("s1", "s2")
+    post(cp, *[e(t, "sampled", 0.0, prompt_tokens=1000) for t in tids])
+    for tid in tids:
+        post(cp, e(tid, "request_arrived", 1, prompt_tokens=1000), e(tid, "prefill_end", 1),
+             e(tid, "decode_end", 2), e(tid, "reward_start", 2), e(tid, "reward_end", 20, accepted=True))
+
+
+@pytest.mark.parametrize("prior_s, expected", [
+    # Gap prior mean 60 s (exponential, memoryless): the rest of the gap has median 60 ln 2 = 41.6 s > S = 10, so the
+    # batch's median share of the window is 0 (its mean would be 2 * 1000 * (1 - exp(-9 / 60)) = 279 tokens).
+    (60.0, 0.0),
+    # Prior mean 10 s: median 6.9 s, + the 1 s launch delay lands inside the window: the whole batch (the mean
+    # would be 2 * 1000 * (1 - exp(-0.9)) = 1187 tokens).
+    (10.0, 2000.0),
+])
+def test_sync_batch_before_any_gap_is_learned_is_forecast_at_its_median(prior_s, expected):
+    cp, clock = plane(injection=InjectionConfig(InjectionPolicy.SYNC), min_class_samples=1,
+                      default_prompt_tokens=None, train_gap_prior_s=prior_s)
+    one_sync_step(cp)
+    for at in (21.0, 45.0, 90.0):  # memoryless prior: the same at any point of the gap
+        assert cp.forecast(at=at).sources.sampler == pytest.approx(expected, abs=1e-6)
+    # A weights update inside the gap: the rest is the update -> launch delay (prior 1 s, median 0.7 s): the batch.
+    post(cp, {"event": "weights_updated", "ts": 90.0, "weight_version": "1"})
+    assert cp.forecast(at=90.5).sources.sampler == pytest.approx(2000.0)
+
+
 def test_sampler_with_censored_reward_and_shortened_horizon():
     cp, clock = plane()
     for i, (dur, ok) in enumerate([(2, True), (4, False), (6, True), (8, False)]):
