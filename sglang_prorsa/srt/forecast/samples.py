@@ -165,5 +165,5 @@ class NewSamples:
         k = int(median[0])
         self.launches = float(n_step)
         launch = self.launch_cdf()
-        shares = (float(launch[n - 1 - k]) if n > k else 0.0 for n in (int(round(h / self.dt)) for h in (self.S, self.h)))
-        sums.add_new(*(n_step * q for q in shares), x_new)
+        ends = (int(round(h / self.dt)) for h in (self.S, self.h))
+        sums.add_new(*(n_step * (float(launch[n - 1 - k]) if n > k else 0.0) for n in ends), x_new)

@@ -78,11 +78,15 @@ def test_nothing_is_lost_at_a_fast_switch_rate(deployment):
     assert len(reports) >= 8, reports
     assert sum(r["taken"] for r in reports) >= 10  # the switches did move requests
     moves = 0
-    for (_, r), (s, out) in zip(ref, got):
+    restarts = []  # moves from the prompt (no KV persisted): (prompt tokens, of them found cached where it went)
+    for (_, r), (s, out), prompt in zip(ref, got, prompts):
         assert s == 200, out
         assert out["output_ids"] == r["output_ids"]
         assert max_logprob_gap(out, r) <= LOGPROB_TOL
-        moves += len(out["meta_info"].get("prorsa", {}).get("migrations", []))
+        migrations = out["meta_info"].get("prorsa", {}).get("migrations", [])
+        moves += len(migrations)
+        restarts += [(len(prompt), m.get("cached_tokens"), m["to_prefill"]) for m in migrations
+                     if not m.get("kv_tokens")]
     # None duplicated: each prompt computed once, plus at most one page per migration (the bound). Moves
     # include those of attempts that moved again (continued by the instance they moved to); the counters say where
     # any excess went: prefill work thrown away, or tokens resumed requests computed beyond their loaded KV. The one
@@ -92,7 +96,7 @@ def test_nothing_is_lost_at_a_fast_switch_rate(deployment):
     extra = computed_tokens(front) - computed_before - sum(len(p) for p in prompts)
     where = {k: computed_tokens(front, k) - before[k] for k in before}
     lost = engine_counter(front, "transfers_failed_prompt_tokens") - lost_before
-    assert 0 <= extra <= moves * PAGE + lost, (extra, moves, lost, where)
+    assert 0 <= extra <= moves * PAGE + lost, (extra, moves, lost, where, restarts)
 
 
 def _kill_and_wait(front, inst: dict) -> None:
