@@ -74,12 +74,12 @@ class ControlOps:
     def targets(self) -> list[Any]:
         return [i for i in self.front.registry if i.state not in (State.DEAD, State.STARTING)]
 
-    async def run(self, op: ControlOp, method: str, body: bytes, headers: dict[str, str]) -> Response:
+    async def run(self, op: ControlOp, method: str, body: bytes, headers: dict[str, str], query: str = "") -> Response:
         orchestrator = self.front.orchestrator
         async with orchestrator.lock:  # no switch in flight, none starting
             orchestrator.held_by = op.path
             try:
-                results = await self._fan_out(op, method, body, headers)
+                results = await self._fan_out(op, method, body, headers, query)
             finally:
                 orchestrator.held_by = self.holding
         ok = all(200 <= r["status"] < 300 for r in results.values())
@@ -93,13 +93,17 @@ class ControlOps:
         self.calls += 1
         return _combine(results, ok)
 
-    async def _fan_out(self, op: ControlOp, method: str, body: bytes, headers: dict[str, str]) -> dict[str, dict]:
+    async def _fan_out(self, op: ControlOp, method: str, body: bytes, headers: dict[str, str],
+                       query: str = "") -> dict[str, dict]:
         session = self.front.relay.session()
         targets = self.targets()
+        # The query string goes along as it came: SGLang's own parameters live there (``/flush_cache?timeout=S``
+        # waits up to S seconds for the scheduler to be idle instead of refusing at once, SGLang 0.5.23).
+        path = op.path + (f"?{query}" if query else "")
 
         async def one(inst) -> dict:
             try:
-                async with session.request(method, inst.url + op.path, data=body or None, headers=headers,
+                async with session.request(method, inst.url + path, data=body or None, headers=headers,
                                            timeout=_timeout()) as r:
                     raw = await r.read()
                     return {"status": r.status, "raw": raw, "content_type": r.headers.get("Content-Type", "")}
@@ -180,7 +184,7 @@ def _handler(ops: ControlOps, op: ControlOp):
             headers["Authorization"] = auth
         else:
             headers.update(ops.front.keys.admin_headers() if op.admin else ops.front.keys.generation_headers())
-        return await ops.run(op, request.method, body, headers)
+        return await ops.run(op, request.method, body, headers, request.url.query)
 
     handler.__name__ = "control" + op.path.replace("/", "_")
     return admin(handler) if op.admin else handler

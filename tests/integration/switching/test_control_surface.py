@@ -182,7 +182,10 @@ def test_abort_all_flush_and_memory_release_with_a_switch_racing(deployment):
         results = [f.result() for f in rollout]
     assert all(s == 200 for s, _ in results)
     assert any(out["meta_info"]["finish_reason"]["type"] == "abort" for _, out in results)
-    r = requests.post(front.url + "/flush_cache", timeout=120)
+    # An abort takes effect at the scheduler's next step, so the callers can have their answers before every
+    # scheduler is idle; SGLang's flush refuses while anything is pending unless told to wait (?timeout=, which the
+    # front passes on to every instance).
+    r = requests.post(front.url + "/flush_cache?timeout=30", timeout=120)
     assert r.status_code == 200 and set(r.json()["instances"]) == {i["instance"] for i in instances(front.url)}
     r = requests.post(front.url + "/release_memory_occupation", json={}, timeout=300)
     if not torch.cuda.is_available():
