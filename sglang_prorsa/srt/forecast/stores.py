@@ -105,6 +105,11 @@ class DurationClass:
         return self._sum / self.count if self._n_done else 0.0
 
     @property
+    def allocated(self) -> tuple[int, int]:
+        """Buffer slots held (completed, censored): they follow what was recorded, up to ``history`` each."""
+        return self._done.size, self._cens.size
+
+    @property
     def completed(self) -> np.ndarray:
         """The completed durations kept, oldest first (diagnostics and tests; the refresh reads the buffers)."""
         return _in_order(self._done, self._n_done, self.history)

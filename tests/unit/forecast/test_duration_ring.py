@@ -63,4 +63,5 @@ def test_buffers_grow_with_what_was_recorded():
     for k in range(40):
         cls.record(1.0, True, float(k + 1))
     assert cls.count == 40 and cls.evicted_start == -np.inf
-    assert 40 <= cls._done.size <= 64 and cls._cens.size == 0  # not 2,048 slots per class up front
+    done_slots, censored_slots = cls.allocated
+    assert 40 <= done_slots <= 64 and censored_slots == 0  # not 2,048 slots per class up front
