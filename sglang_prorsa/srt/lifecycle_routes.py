@@ -43,7 +43,7 @@ from fastapi.responses import JSONResponse
 from sglang_prorsa.srt.auth import admin
 from sglang_prorsa.srt.forecast.config import ConfigError
 from sglang_prorsa.srt.lifecycle.control_plane import LifecycleControlPlane
-from sglang_prorsa.srt.lifecycle.events import EventValidationError
+from sglang_prorsa.srt.lifecycle.events import EventValidationError, parse_payload
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 INLINE_BODY_BYTES = 16 * 1024  # smaller bodies (a few dozen events) are applied on the event loop: a thread hop costs more
@@ -83,7 +83,14 @@ def make_router(control_plane: LifecycleControlPlane) -> APIRouter:
     async def post_lifecycle(request: Request) -> JSONResponse:
         try:
             raw = await _raw_body(request)
-            result = ingest(raw) if len(raw) <= INLINE_BODY_BYTES else await asyncio.to_thread(ingest, raw)
+            if len(raw) <= INLINE_BODY_BYTES:
+                events = parse_payload(_parse(raw), control_plane.max_batch_events)
+                # Applied here unless the refresher holds the state: then from a thread, never blocking this loop.
+                result = control_plane.ingest(events, wait=False)
+                if result is None:
+                    result = await asyncio.to_thread(control_plane.ingest, events)
+            else:
+                result = await asyncio.to_thread(ingest, raw)
         except EventValidationError as exc:
             return _error(exc.status, str(exc), index=exc.index, field=exc.field)
         return JSONResponse(result.to_dict())

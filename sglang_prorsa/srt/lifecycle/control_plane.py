@@ -79,31 +79,42 @@ class LifecycleControlPlane:
         """Validate a ``POST /lifecycle`` body (raises ``EventValidationError``), then apply it atomically."""
         return self.ingest(parse_payload(payload, self.max_batch_events))
 
-    def ingest(self, events: Sequence[LifecycleEvent]) -> IngestResult:
-        """Apply already-typed events in order; events without ``ts`` are stamped with the clock on receipt."""
-        with self._lock:
-            now = self.clock.now()
-            # Close a due window first, so the events below count in the window they fall in. With the refresher
-            # running this is a cheap check (it closes windows on time); without one, this is where they close.
-            if self._thread is None:
-                self.predictor.maybe_refresh(now)
-            applied = duplicates = 0
-            rejections: list[dict[str, Any]] = []
-            apply = self.tracker.apply
-            for index, event in enumerate(events):
-                outcome = apply(event, now)  # events without ts take the clock's time on receipt
-                if outcome is _APPLIED:
-                    applied += 1
-                elif outcome is _DUPLICATE:
-                    duplicates += 1
-                elif len(rejections) < 100:
-                    state = self.tracker.recent_rejections[-1].state
-                    rejections.append({"index": index, "trajectory_id": event.trajectory_id,
-                                       "event": event.kind.value, "state": state, "reason": outcome.value})
-            rejected = len(events) - applied - duplicates
-            if applied:
-                self._applied_version += 1
-            return IngestResult(len(events), applied, duplicates, rejected, rejections)
+    def ingest(self, events: Sequence[LifecycleEvent], *, wait: bool = True) -> IngestResult | None:
+        """Apply already-typed events in order; events without ``ts`` are stamped with the clock on receipt.
+
+        ``wait=False``: None at once, nothing applied, if the state is busy (the refresher computes a forecast under
+        the lock for milliseconds, more on a loaded machine): an event loop that serves requests must not block on
+        it, so it hands the batch to a thread instead (``lifecycle_routes``)."""
+        if not self._lock.acquire(blocking=wait):
+            return None
+        try:
+            return self._ingest(events)
+        finally:
+            self._lock.release()
+
+    def _ingest(self, events: Sequence[LifecycleEvent]) -> IngestResult:
+        now = self.clock.now()
+        # Close a due window first, so the events below count in the window they fall in. With the refresher
+        # running this is a cheap check (it closes windows on time); without one, this is where they close.
+        if self._thread is None:
+            self.predictor.maybe_refresh(now)
+        applied = duplicates = 0
+        rejections: list[dict[str, Any]] = []
+        apply = self.tracker.apply
+        for index, event in enumerate(events):
+            outcome = apply(event, now)  # events without ts take the clock's time on receipt
+            if outcome is _APPLIED:
+                applied += 1
+            elif outcome is _DUPLICATE:
+                duplicates += 1
+            elif len(rejections) < 100:
+                state = self.tracker.recent_rejections[-1].state
+                rejections.append({"index": index, "trajectory_id": event.trajectory_id,
+                                   "event": event.kind.value, "state": state, "reason": outcome.value})
+        rejected = len(events) - applied - duplicates
+        if applied:
+            self._applied_version += 1
+        return IngestResult(len(events), applied, duplicates, rejected, rejections)
 
     def configure(self, payload: Any) -> PredictorConfig:
         """Merge a ``POST /lifecycle/config`` body (raises ``ConfigError``) and apply it."""
