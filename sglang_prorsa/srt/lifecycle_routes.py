@@ -46,7 +46,8 @@ from sglang_prorsa.srt.lifecycle.control_plane import LifecycleControlPlane
 from sglang_prorsa.srt.lifecycle.events import EventValidationError, parse_payload
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
-INLINE_BODY_BYTES = 16 * 1024  # smaller bodies (a few dozen events) are applied on the event loop: a thread hop costs more
+# Smaller bodies (a few dozen events) are applied on the event loop when the state is free: a thread hop costs more.
+INLINE_BODY_BYTES = 16 * 1024
 
 
 def _error(status: int, message: str, *, index: int | None = None, field: str | None = None) -> JSONResponse:
@@ -99,7 +100,7 @@ def make_router(control_plane: LifecycleControlPlane) -> APIRouter:
     @admin  # changes the forecast's configuration: the admin key (SGLang's ADMIN_OPTIONAL), wherever it is mounted
     async def post_config(request: Request) -> JSONResponse:
         try:
-            config = control_plane.configure(await _json_body(request))
+            config = await asyncio.to_thread(control_plane.configure, await _json_body(request))
         except EventValidationError as exc:
             return _error(exc.status, str(exc), field=exc.field)
         except ConfigError as exc:
@@ -112,7 +113,7 @@ def make_router(control_plane: LifecycleControlPlane) -> APIRouter:
 
     @router.get("/lifecycle/status")
     async def get_status() -> JSONResponse:
-        return JSONResponse(control_plane.status())
+        return JSONResponse(await asyncio.to_thread(control_plane.status))  # it reads the state under its lock
 
     @router.get("/prorsa/forecast")
     async def get_forecast(at: str | None = None) -> JSONResponse:
