@@ -31,6 +31,11 @@ from tests_support import (
 pytestmark = pytest.mark.integration
 
 
+# The instances' counters of the ways a request can start again from its prompt: named when the bound fails.
+RESTART_PATHS = ("restarted", "orphans_continued", "released_for_lost_prefill", "continuations_handed_back",
+                 "resume_attempts_failed", "transfers_failed_continued")
+
+
 def _lengths(i: int) -> int:
     return 12 + (i * 97) % 389  # 12 ... 400 tokens
 
@@ -47,6 +52,7 @@ def test_nothing_is_lost_at_a_fast_switch_rate(deployment):
     computed_before = computed_tokens(front)
     before = {k: computed_tokens(front, k) for k in ("prompt_tokens_discarded", "resume_prompt_tokens_computed")}
     lost_before = engine_counter(front, "transfers_failed_prompt_tokens")
+    paths_before = {k: engine_counter(front, k) for k in RESTART_PATHS}
     done = threading.Event()
     reports: list[dict] = []
 
@@ -96,7 +102,8 @@ def test_nothing_is_lost_at_a_fast_switch_rate(deployment):
     extra = computed_tokens(front) - computed_before - sum(len(p) for p in prompts)
     where = {k: computed_tokens(front, k) - before[k] for k in before}
     lost = engine_counter(front, "transfers_failed_prompt_tokens") - lost_before
-    assert 0 <= extra <= moves * PAGE + lost, (extra, moves, lost, where, restarts)
+    paths = {k: engine_counter(front, k) - paths_before[k] for k in RESTART_PATHS}
+    assert 0 <= extra <= moves * PAGE + lost, (extra, moves, lost, where, restarts, paths)
 
 
 def _kill_and_wait(front, inst: dict) -> None:
