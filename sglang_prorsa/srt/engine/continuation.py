@@ -10,8 +10,10 @@ router, an OpenAI-style route, or an in-process ``generate_request`` -- sees one
 4. stitch each output onto what the caller has (``stitch.py``) and pass it on.
 
 If the continuation fails (its instance died, refused, or answered an error), the request is sent again from the
-tokens it has by then, without KV (recomputed), on another pair; a continuation that is itself moved by a switch is
-continued by the instance holding it, so this one just keeps reading its stream.
+tokens it has by then on another pair, loading the persisted prefix there again (the tokens produced since are
+recomputed); a prefix that fails to load is tried on another pair (``LOAD_RETRIES``) before it is recomputed. A
+continuation that is itself moved by a switch is continued by the instance holding it, so this one just keeps reading
+its stream.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ from sglang_prorsa.srt.messages import RESUME_HEADER, ROLE_HEADER, Code, Migrate
 logger = logging.getLogger(__name__)
 
 MAX_MOVES = 16  # hand-backs under fast switching count as moves too
+# A persisted prefix that failed to load on the chosen prefill instance (it was switching, or its scheduler did not
+# answer in time) is tried on another pair this many times before the attempt recomputes it: recomputing a prefix
+# the store holds is the duplicated work a busy switch must not cause.
+LOAD_RETRIES = 2
 # How long a request waits, in all, for an active prefill+decode pair to continue on. Waiting is not a move: a switch
 # (or a restart after a crash) brings a role back within seconds, and a request failed meanwhile is work lost for
 # an RL step. Only past this does the caller get an explicit error.
@@ -76,6 +82,7 @@ class Continuation:
         # handed on (its prefill instance switched before scheduling it) must not recompute what the store holds.
         self.kv_tokens = record.kv_tokens
         self.moves = 0
+        self.failed_loads = 0
 
     async def run(self) -> AsyncIterator[dict[str, Any]]:
         failures: list[str] = []
@@ -132,6 +139,12 @@ class Continuation:
         try:
             if self.kv_tokens > 0:
                 move.update(await side.load_prefix(prefill, ids[: self.kv_tokens], self.record, rid))
+                if move["load_status"] != 200:
+                    side.counters["prefix_loads_failed"] += 1
+                    self.failed_loads += 1
+                    if self.failed_loads <= LOAD_RETRIES:
+                        raise ResumeFailed(f"prefix load on {prefill.instance_id} failed ({move['load_status']}): "
+                                           "trying another pair rather than recomputing it")
             body = {k: getattr(self.obj, k) for k in _CARRIED if getattr(self.obj, k, None) is not None}
             body.update(input_ids=ids, sampling_params=sampling, stream=True, rid=rid,
                         bootstrap_host=prefill.bootstrap_host, bootstrap_port=prefill.bootstrap_port,

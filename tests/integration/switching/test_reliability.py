@@ -33,7 +33,7 @@ pytestmark = pytest.mark.integration
 
 # The instances' counters of the ways a request can start again from its prompt: named when the bound fails.
 RESTART_PATHS = ("restarted", "orphans_continued", "released_for_lost_prefill", "continuations_handed_back",
-                 "resume_attempts_failed", "transfers_failed_continued")
+                 "resume_attempts_failed", "transfers_failed_continued", "prefix_loads_failed")
 
 
 def _lengths(i: int) -> int:
