@@ -139,7 +139,8 @@ def summarise(runs: dict[Job, dict], preset: str, staleness: int, groups: int, s
         "adaptive_over_best": mean(adaptive) / statics[best] if statics[best] > 0 else float("nan"),
         "adaptive_over_best_seeds": per_seed,
         "adaptive_over_best_ci95": interval95(per_seed),
-        "adaptive_over_colocated": mean(adaptive) / mean(colo) if mean(colo) > 0 else float("nan"),
+        # colocated did not finish within --max-sim-s (inf): no ratio, not 0
+        "adaptive_over_colocated": mean(adaptive) / mean(colo) if 0 < mean(colo) < float("inf") else float("nan"),
         "statics": {str(p): v for p, v in statics.items()},
         "switches_per_step": statistics.fmean(r["switches"] / max(n, 1) for r, n in zip(adaptive, steps)),
         "switches": statistics.fmean(r["switches"] for r in adaptive),

@@ -41,3 +41,17 @@ def test_report_reads_each_gpu_bound_row_against_its_interval():
     assert "point estimate above 1.02 but 1.02 inside the interval: unsure/2/16" in text
     assert "reliably above 1.02 (whole interval): slower/2/16." in text
     assert "**1.000** (0.990, 1.000, 1.010, 1.000; 0.99-1.01)" in text
+
+
+def test_a_sweep_without_a_gpu_bound_load_and_an_unfinished_colocated_mode():
+    light = _row("general_agent", 1.02, [1.0, 1.04], bound=False)
+    unfinished = {**_row("coding_agent", 1.03, [1.02, 1.04], bound=False), "colocated_s": float("inf"),
+                  "adaptive_over_colocated": float("nan"), "interference": {**dict.fromkeys(MODES, 0.0),
+                                                                           "colocated": 0.4}}
+    text = markdown({"rows": [light, unfinished], "args": {"model": "d", "seeds": "2"}}, "deepseek_like", {}, {})
+    assert "No load of this sweep makes the cluster GPU-bound" in text and "NOT met" not in text
+    assert "| coding_agent | 2 | 16 | no | unfinished | 2:6 |" in text
+    assert "| 1.03 |" not in text.split("## Beside the paper")[0].split("| coding_agent |")[1].split("\n")[0]
+    # the comparison skips the cell without a colocated step time instead of dividing by it
+    assert "| agentic speedup of adaptive over colocation | 1.11-4.05x | 0.98-0.98x |" in text
+    assert "interference costs colocated ranks 0-40 % of GPU time" in text  # not the MiMo-specific reading
