@@ -10,6 +10,24 @@ from fastapi.responses import JSONResponse
 
 from sglang_prorsa.srt.messages import Code
 
+# How long our clients keep an idle connection to an instance for reuse. SGLang's server closes idle keep-alive
+# connections after 5 s (SGLANG_TIMEOUT_KEEP_ALIVE, 0.5.23); a client that keeps them longer sends, now and then, a
+# request on a connection the server is closing at that moment and gets ServerDisconnectedError -- for a PD prefill
+# half sent alongside its decode half, that loses the half and the decode half waits minutes for KV that never comes.
+UPSTREAM_KEEPALIVE_S = 4.0
+
+
+async def post_fresh(session: Any, url: str, **kwargs: Any) -> Any:
+    """``session.post``, sent once more when the first try fails before any answer because the server had already
+    closed the pooled connection (the request never reached it; the second try opens a new connection). An error
+    once the answer began is not retried: the instance then had the request."""
+    import aiohttp
+
+    try:
+        return await session.post(url, **kwargs)
+    except aiohttp.ServerDisconnectedError:
+        return await session.post(url, **kwargs)
+
 
 def field_error(field: str, message: str, status: int = 422, detail: Any = None) -> JSONResponse:
     body: dict[str, Any] = {"error": f"field '{field}': {message}", "field": field, "code": Code.INVALID.value}

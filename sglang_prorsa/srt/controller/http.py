@@ -11,6 +11,7 @@ import aiohttp
 import orjson
 
 from sglang_prorsa.srt.auth import AuthKeys
+from sglang_prorsa.srt.http_utils import UPSTREAM_KEEPALIVE_S
 
 
 class Http:
@@ -23,7 +24,7 @@ class Http:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60))
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S))
         return self._session
 
     async def request(self, method: str, url: str, payload: Any = None, timeout_s: float = 30.0,

@@ -23,6 +23,7 @@ from sglang_prorsa.srt.engine.continuation import Continuation, ResumeFailed, ha
 from sglang_prorsa.srt.engine.events import EngineEvents
 from sglang_prorsa.srt.engine.peers import Peer, PeerView
 from sglang_prorsa.srt.engine.stitch import Shape, Stitcher
+from sglang_prorsa.srt.http_utils import UPSTREAM_KEEPALIVE_S, post_fresh
 from sglang_prorsa.srt.messages import (
     RESUME_HEADER,
     Code,
@@ -84,7 +85,7 @@ class EngineSide:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S, sock_connect=10),
-                connector=aiohttp.TCPConnector(limit=0))
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S))
         return self._session
 
     async def post_json(self, url: str, payload: Any, timeout_s: float = CONTROL_TIMEOUT_S,
@@ -101,12 +102,14 @@ class EngineSide:
                 return r.status, {"error": raw[:2000].decode(errors="replace")}
 
     async def post_raw(self, url: str, raw: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
-        async with self.session().post(url, data=raw, headers={**headers, **self.keys.generation_headers()}) as r:
+        async with await post_fresh(self.session(), url, data=raw,
+                                    headers={**headers, **self.keys.generation_headers()}) as r:
             return r.status, await r.read()
 
     async def stream(self, url: str, raw: bytes, headers: dict[str, str]) -> AsyncIterator[dict[str, Any]]:
         """POST a streaming /generate and yield each server-sent event's JSON (stops at [DONE])."""
-        async with self.session().post(url, data=raw, headers={**headers, **self.keys.generation_headers()}) as r:
+        async with await post_fresh(self.session(), url, data=raw,
+                                    headers={**headers, **self.keys.generation_headers()}) as r:
             if r.status != 200:
                 body = (await r.read())[:2000].decode(errors="replace")
                 raise ResumeFailed(f"{url} answered {r.status}: {body}")

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from sglang_prorsa.srt.controller.registry import Instance, Registry
+from sglang_prorsa.srt.http_utils import UPSTREAM_KEEPALIVE_S, post_fresh
 from sglang_prorsa.srt.messages import ROLE_HEADER, ROUTE_HEADER
 from sglang_prorsa.srt.lifecycle.events import MAX_ID_CHARS
 from sglang_prorsa.srt.messages import Code
@@ -50,7 +51,8 @@ class Relay:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60), auto_decompress=False)
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S),
+                auto_decompress=False)
         return self._session
 
     async def close(self) -> None:
@@ -131,7 +133,7 @@ class Relay:
             first.inflight_prompt_tokens += prompt
         target.inflight += 1
         try:
-            resp = await session.post(target.url + path, data=payload, headers=target_headers)
+            resp = await post_fresh(session, target.url + path, data=payload, headers=target_headers)
         except BaseException:
             target.inflight -= 1
             if decode is None:
@@ -176,11 +178,12 @@ class Relay:
         prefill.inflight += 1
         prefill.inflight_prompt_tokens += prompt
         try:
-            async with session.post(prefill.url + path, data=payload,
-                                    headers={**headers, ROLE_HEADER: "prefill"}) as r:
+            async with await post_fresh(session, prefill.url + path, data=payload,
+                                        headers={**headers, ROLE_HEADER: "prefill"}) as r:
                 await r.read()  # the decode half carries the answer; this one only has to be drained
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            logger.info("prefill half on %s failed: %s", prefill.instance_id, e)
+            # Its decode half then waits for KV until SGLang's own timeout: worth a warning.
+            logger.warning("prefill half on %s failed: %s", prefill.instance_id, e)
         finally:
             prefill.inflight -= 1
             prefill.inflight_prompt_tokens -= prompt

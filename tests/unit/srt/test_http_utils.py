@@ -41,3 +41,44 @@ def test_malformed_json_and_non_objects_are_400_naming_the_body_and_never_reach_
         r = c.post("/echo", json=body)
         assert r.status_code == 400 and r.json()["field"] == "body", body
     assert seen == []
+
+
+def test_our_clients_drop_idle_connections_before_sglangs_server_does():
+    from sglang.srt.environ import envs
+
+    from sglang_prorsa.srt.http_utils import UPSTREAM_KEEPALIVE_S
+
+    assert UPSTREAM_KEEPALIVE_S < envs.SGLANG_TIMEOUT_KEEP_ALIVE.get()
+
+
+class _Session:
+    """``post`` fails with the given exceptions in turn, then answers ``"answer"``."""
+
+    def __init__(self, *failures: BaseException) -> None:
+        self.failures, self.calls = list(failures), 0
+
+    async def post(self, url, **kwargs):
+        self.calls += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        return "answer"
+
+
+def test_post_fresh_sends_again_only_after_a_connection_the_server_had_closed():
+    import asyncio
+
+    import aiohttp
+    import pytest
+
+    from sglang_prorsa.srt.http_utils import post_fresh
+
+    stale = _Session(aiohttp.ServerDisconnectedError())
+    assert asyncio.run(post_fresh(stale, "http://x/generate", data=b"{}")) == "answer" and stale.calls == 2
+    twice = _Session(aiohttp.ServerDisconnectedError(), aiohttp.ServerDisconnectedError())
+    with pytest.raises(aiohttp.ServerDisconnectedError):
+        asyncio.run(post_fresh(twice, "http://x/generate"))
+    assert twice.calls == 2  # once more, not forever
+    refused = _Session(aiohttp.ClientConnectionError("refused"))
+    with pytest.raises(aiohttp.ClientConnectionError):
+        asyncio.run(post_fresh(refused, "http://x/generate"))
+    assert refused.calls == 1  # an instance that is down is not asked again here (the relay picks another)
