@@ -10,6 +10,7 @@ from contextlib import ExitStack
 import pytest
 import requests
 
+from sglang_prorsa.srt.messages import PORT_TAKEN_EXIT
 from sglang_prorsa.srt.utils import processes
 from sglang_prorsa.testing.front_client import busiest, distinct_prompts, generate, run_all, switch_under_load
 from tests_support import ENGINE_FLAGS, LOGPROB_TOL, instances, max_logprob_gap
@@ -29,19 +30,31 @@ def cluster(tiny_model, log_dir):
         stack.callback(controller.stop)
         controller.wait_ready(timeout=300)
         master = requests.get(controller.url + "/prorsa/info", timeout=10).json()["kv_store"]["mooncake_master"]
-        started = []
-        for k, role in enumerate(("prefill", "decode", "decode")):
+
+        def remote(k: int, role: str, attempt: int = 0) -> processes.ServerProcess:
             iport, bport = processes.free_port(), processes.free_port()
             srv = processes.start(
                 ["--prorsa-controller", controller.url, "--prorsa-instance-id", f"remote-{k}",
                  "--disaggregation-mode", role, "--disaggregation-bootstrap-port", str(bport),
                  "--prorsa-kv-store", "mooncake", "--prorsa-mooncake-master", master,
                  "--host", processes.LOOPBACK, "--port", str(iport), *ENGINE_FLAGS],
-                name=f"remote-{k}", port=iport, log_dir=log_dir)
+                name=f"remote-{k}" + (f"-retry{attempt}" if attempt else ""), port=iport, log_dir=log_dir)
             stack.callback(srv.stop)
-            started.append(srv)
-        for srv in started:
-            srv.wait_ready(timeout=900)
+            return srv
+
+        roles = ("prefill", "decode", "decode")
+        started = [remote(k, role) for k, role in enumerate(roles)]
+        for k, role in enumerate(roles):
+            for attempt in range(1, 4):
+                try:
+                    started[k].wait_ready(timeout=900)
+                    break
+                except RuntimeError:
+                    # Another process bound its port first (it exits with PORT_TAKEN_EXIT): started again on fresh
+                    # ports, as an operator would, and as the front does for the instances it starts.
+                    if started[k].proc.returncode != PORT_TAKEN_EXIT or attempt == 3:
+                        raise
+                    started[k] = remote(k, role, attempt)
         deadline = time.monotonic() + 120
         while sum(i["status"] == "active" for i in instances(controller.url)) < 3:
             assert time.monotonic() < deadline, instances(controller.url)
