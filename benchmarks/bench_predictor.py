@@ -36,7 +36,6 @@ import logging
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,6 +48,7 @@ from sglang_prorsa.srt.forecast.config import PredictorConfig
 from sglang_prorsa.srt.lifecycle.control_plane import LifecycleControlPlane
 from sglang_prorsa.srt.lifecycle.events import EventKind, LifecycleEvent, SandboxMode
 from sglang_prorsa.srt.utils.clock import ManualClock
+from sglang_prorsa.srt.utils.processes import free_port
 from sglang_prorsa.workload import RolloutSimulator, config_for, preset, replay_events
 from sglang_prorsa.workload.oracle import FloorOracle
 from sglang_prorsa.workload.presets import scaled, varied
@@ -230,17 +230,11 @@ def bench_refresh(sizes: list[int], baseline: Path | None = None, step_s: float 
 
 
 # ----- 2. HTTP ingest -----
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_control_plane(root: Path):
     """``python -m sglang_prorsa.control_plane`` from the checkout ``root`` on a free port: (process, url)."""
     import requests
 
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, PYTHONPATH=str(root), PYTHONSAFEPATH="1")
     proc = subprocess.Popen([sys.executable, "-m", "sglang_prorsa.control_plane", "--host", "127.0.0.1", "--port",
                              str(port)], cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

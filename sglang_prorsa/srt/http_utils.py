@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable
 
+import aiohttp
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
@@ -21,8 +22,6 @@ async def post_fresh(session: Any, url: str, **kwargs: Any) -> Any:
     """``session.post``, sent once more when the first try fails before any answer because the server had already
     closed the pooled connection (the request never reached it; the second try opens a new connection). An error
     once the answer began is not retried: the instance then had the request."""
-    import aiohttp
-
     try:
         return await session.post(url, **kwargs)
     except aiohttp.ServerDisconnectedError:

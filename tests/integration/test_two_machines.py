@@ -10,7 +10,6 @@ from contextlib import ExitStack
 import pytest
 import requests
 
-from sglang_prorsa.srt.messages import PORT_TAKEN_EXIT
 from sglang_prorsa.srt.utils import processes
 from sglang_prorsa.testing.front_client import busiest, distinct_prompts, generate, run_all, switch_under_load
 from tests_support import ENGINE_FLAGS, LOGPROB_TOL, instances, max_logprob_gap
@@ -45,16 +44,9 @@ def cluster(tiny_model, log_dir):
         roles = ("prefill", "decode", "decode")
         started = [remote(k, role) for k, role in enumerate(roles)]
         for k, role in enumerate(roles):
-            for attempt in range(1, 4):
-                try:
-                    started[k].wait_ready(timeout=900)
-                    break
-                except RuntimeError:
-                    # Another process bound its port first (it exits with PORT_TAKEN_EXIT): started again on fresh
-                    # ports, as an operator would, and as the front does for the instances it starts.
-                    if started[k].proc.returncode != PORT_TAKEN_EXIT or attempt == 3:
-                        raise
-                    started[k] = remote(k, role, attempt)
+            # One whose port another process bound first is started again on fresh ports, as an operator would, and
+            # as the front does for the instances it starts.
+            processes.ready_or_restarted(started[k], lambda attempt: remote(k, role, attempt), retries=2, timeout=900)
         deadline = time.monotonic() + 120
         while sum(i["status"] == "active" for i in instances(controller.url)) < 3:
             assert time.monotonic() < deadline, instances(controller.url)

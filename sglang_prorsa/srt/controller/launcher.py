@@ -21,7 +21,6 @@ from typing import Any
 from sglang_prorsa.config import InstanceSpec, Mode, ProrsaConfig
 from sglang_prorsa.srt.auth import AuthKeys
 from sglang_prorsa.srt.controller.registry import Instance, Registry, State
-from sglang_prorsa.srt.messages import PORT_TAKEN_EXIT
 
 logger = logging.getLogger("sglang_prorsa.front")
 
@@ -58,25 +57,25 @@ def start_instance(spec: InstanceSpec, log_dir: Path, attempt: int = 0):
 
 
 def ready_instance(spec: InstanceSpec, srv, log_dir: Path, started: dict) -> tuple[InstanceSpec, Any]:
-    """Wait for one instance. Its ports were free when chosen, but another process may bind one before it does
-    (SGLang picks ports of its own too): such an instance exits with ``PORT_TAKEN_EXIT`` and starts again on fresh
-    ports, up to ``PORT_RETRIES`` times. ``started`` (instance id -> process) always holds the live attempt."""
+    """Wait for one instance; one whose port another process bound first starts again on fresh ports, up to
+    ``PORT_RETRIES`` times (``processes.ready_or_restarted``). ``started`` (instance id -> process) always holds the
+    live attempt."""
     from sglang_prorsa.srt.utils import processes
 
-    for attempt in range(1, PORT_RETRIES + 2):
-        try:
-            took = srv.wait_ready(timeout=READY_TIMEOUT_S)
-            logger.info("%s ready after %.1f s", srv.name, took)
-            return spec, srv
-        except RuntimeError:
-            if srv.proc.returncode != PORT_TAKEN_EXIT or attempt > PORT_RETRIES:
-                raise
+    live = {"spec": spec}
+
+    def restart(attempt: int):
+        old = live["spec"]
         logger.warning("instance %s: port %d was taken before it could bind; starting it again on fresh ports "
-                       "(attempt %d)", spec.instance_id, spec.port, attempt + 1)
-        spec = replace(spec, port=processes.free_port(),
-                       bootstrap_port=processes.free_port() if spec.bootstrap_port is not None else None)
-        srv = started[spec.instance_id] = start_instance(spec, log_dir, attempt)
-    raise AssertionError("unreachable")
+                       "(attempt %d)", old.instance_id, old.port, attempt + 1)
+        new = live["spec"] = replace(old, port=processes.free_port(), bootstrap_port=processes.free_port()
+                                     if old.bootstrap_port is not None else None)
+        started[new.instance_id] = proc = start_instance(new, log_dir, attempt)
+        return proc
+
+    srv, took = processes.ready_or_restarted(srv, restart, PORT_RETRIES, READY_TIMEOUT_S)
+    logger.info("%s ready after %.1f s", srv.name, took)
+    return live["spec"], srv
 
 
 def wait_all_ready(specs: list[InstanceSpec], started: dict, log_dir: Path) -> list[InstanceSpec]:

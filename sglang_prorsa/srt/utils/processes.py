@@ -18,6 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import requests
 
@@ -162,6 +163,23 @@ def start(
     server = ServerProcess(name=name, argv=argv, port=port, proc=proc, log_path=log_path)
     _LIVE[proc.pid] = server
     return server
+
+
+def ready_or_restarted(srv: ServerProcess, restart: Callable[[int], ServerProcess], retries: int,
+                       timeout: float) -> tuple[ServerProcess, float]:
+    """Wait for ``srv``. Its ports were free when chosen, but another process may bind one first: the server then
+    exits with ``PORT_TAKEN_EXIT`` and ``restart(attempt)`` starts it again on fresh ports, up to ``retries`` times.
+    Returns the process that serves and how long it took to be ready."""
+    from sglang_prorsa.srt.messages import PORT_TAKEN_EXIT
+
+    for attempt in range(1, retries + 2):
+        try:
+            return srv, srv.wait_ready(timeout=timeout)
+        except RuntimeError:
+            if srv.proc.returncode != PORT_TAKEN_EXIT or attempt > retries:
+                raise
+        srv = restart(attempt)
+    raise AssertionError("unreachable")
 
 
 def _die_with_parent() -> None:
