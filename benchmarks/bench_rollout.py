@@ -57,6 +57,7 @@ from sglang_prorsa.client import (
 from sglang_prorsa.srt.utils import processes
 from sglang_prorsa.workload.generator import WorkloadGenerator
 from sglang_prorsa.workload.presets import TASKS
+from sglang_prorsa.workload.scaling import PlanScale
 
 MODES = ("adaptive", "static", "colocated", "single")
 MODE_FLAG = {"adaptive": "--pd-adaptive", "static": "--pd-static", "colocated": "--pd-colocated"}
@@ -87,50 +88,49 @@ class Episode:
     sandbox: str | None
     dispatch_s: float
     startup_s: float
+    first_request_s: float  # sandbox ready -> the first request (the agent's set-up)
     turns: tuple[Turn, ...]
     reward_s: float
     accepted: bool
 
 
-def _clip(x: float, lo: int, hi: int) -> int:
-    return int(min(hi, max(lo, round(x))))
+def plan_scale(args: argparse.Namespace) -> PlanScale:
+    """The scaling of the preset's plans: shared with the simulator's prediction of this run (``--sim-predict``)."""
+    return PlanScale(time_scale=args.time_scale, token_scale=args.token_scale, max_wait_s=args.max_wait_s,
+                     min_prompt=args.min_prompt, max_prompt=args.max_prompt, min_new=args.min_new,
+                     max_new=args.max_new, max_tool_tokens=args.max_tool_tokens, max_turns=args.max_turns)
 
 
 def build_workload(args: argparse.Namespace) -> list[list[list[Episode]]]:
-    """steps -> groups -> members. Durations and sizes from the preset's generator, scaled; token ids seeded."""
-    task = TASKS[args.preset]
-    gen = WorkloadGenerator(task, args.seed)
-    ts, ks = args.time_scale, args.token_scale
+    """steps -> groups -> members: the preset's plans scaled by ``plan_scale``; a group shares its first member's
+    prompt; token ids seeded."""
+    gen = WorkloadGenerator(TASKS[args.preset], args.seed)
+    scale = plan_scale(args)
     steps = []
     for s in range(args.steps):
         groups = []
         for g in range(args.groups):
             gid = f"s{s}g{g}"
-            head = gen.plan((s * args.groups + g) * args.group_size, gid)
+            first = (s * args.groups + g) * args.group_size
+            n_prompt = scale.prompt_tokens(gen.plan(first, gid).first_prompt_tokens)
             rng = random.Random(f"{args.seed}/prompt/{gid}")
-            n_prompt = _clip(head.first_prompt_tokens * ks, args.min_prompt, args.max_prompt)
             prompt = tuple(rng.randrange(TOKEN_LO, TOKEN_HI) for _ in range(n_prompt))  # shared by the group
             members = []
             for m in range(args.group_size):
-                plan = gen.plan((s * args.groups + g) * args.group_size + m, gid)
+                plan = scale.apply(gen.plan(first + m, gid), first_prompt_tokens=n_prompt)
                 tid = f"{gid}m{m}"
                 turns = []
-                for k, tp in enumerate(plan.turns[: args.max_turns]):
-                    last = k == min(len(plan.turns), args.max_turns) - 1
+                for k, tp in enumerate(plan.turns):
                     trng = random.Random(f"{args.seed}/tool/{tid}/{k}")
-                    n_tool = 0 if last or tp.tool is None else _clip(tp.tool_result_tokens * ks, 4, args.max_tool_tokens)
-                    turns.append(Turn(
-                        output_tokens=_clip(tp.output_tokens * ks, args.min_new, args.max_new),
-                        tool=None if last else tp.tool,
-                        tool_s=0.0 if last else min(tp.tool_s * ts, args.max_wait_s),
-                        tool_ids=tuple(trng.randrange(TOKEN_LO, TOKEN_HI) for _ in range(n_tool)),
-                        overhead_s=0.0 if last else min(tp.agent_overhead_s * ts, args.max_wait_s)))
+                    turns.append(Turn(output_tokens=tp.output_tokens, tool=tp.tool, tool_s=tp.tool_s,
+                                      tool_ids=tuple(trng.randrange(TOKEN_LO, TOKEN_HI)
+                                                     for _ in range(tp.tool_result_tokens)),
+                                      overhead_s=tp.agent_overhead_s))
                 members.append(Episode(
-                    trajectory_id=tid, group_id=gid, step=s, task=task.name, prompt_ids=prompt,
+                    trajectory_id=tid, group_id=gid, step=s, task=plan.task, prompt_ids=prompt,
                     sandbox=None if plan.sandbox_mode is None else plan.sandbox_mode.value,
-                    dispatch_s=min(plan.dispatch_s * ts, args.max_wait_s),
-                    startup_s=min(plan.startup_s * ts, args.max_wait_s), turns=tuple(turns),
-                    reward_s=min(plan.reward_s * ts, args.max_wait_s), accepted=bool(plan.accepted)))
+                    dispatch_s=plan.dispatch_s, startup_s=plan.startup_s, first_request_s=plan.first_request_s,
+                    turns=tuple(turns), reward_s=plan.reward_s, accepted=bool(plan.accepted)))
             groups.append(members)
         steps.append(groups)
     return steps
@@ -182,6 +182,7 @@ async def run_episode(client: AsyncProrsaClient, ep: Episode, rec: RunRecord, ar
             if ep.sandbox is not None:
                 with t.sandbox(ep.sandbox):
                     await asyncio.sleep(ep.startup_s)
+                await asyncio.sleep(ep.first_request_s)
             context = list(ep.prompt_ids)
             for k, turn in enumerate(ep.turns):
                 sent_at = time.time()
@@ -530,6 +531,70 @@ def summarise(mode: str, rec: RunRecord, before: dict, after: dict, wall: float,
     }
 
 
+# ----- the simulator's prediction of this run (--sim-predict) ---------------------------------------------------
+
+def sim_fit_samples(url: str, mode: str, args: argparse.Namespace, samples: dict) -> None:
+    """``sim fit`` against the same instances, before the workload runs: prefill and decode timings of one colocated
+    instance (the others idle), and 1-token requests through the static PD front for the PD overhead."""
+    import requests
+
+    from sglang_prorsa.sim.fit import measure, measure_prefill
+
+    lengths = [int(x) for x in args.sim_prompt_lengths.split(",")]
+    if mode == "colocated":
+        instances = requests.get(url + "/prorsa/instances", timeout=10).json().get("instances", [])
+        target = instances[0]["url"] if instances else url
+        tqdm.write(f"[{mode}] sim fit: timing {target}")
+        samples.update(measure(target, lengths, [int(x) for x in args.sim_batches.split(",")]))
+    elif mode == "static":
+        tqdm.write(f"[{mode}] sim fit: timing 1-token requests through the PD front {url}")
+        samples["pd_prefill"] = measure_prefill(url, lengths, seed=1)
+
+
+def sim_predict(rows: list[dict], samples: dict, args: argparse.Namespace, out: Path) -> None:
+    """Fit the ``--sim-base`` model to the samples, simulate this run's workload (the same scaled plans, seed,
+    instances and policy) in every mode that ran, and add the prediction to its row."""
+    from sglang_prorsa.sim.config import ClusterConfig, ModelConfig, RolloutConfig
+    from sglang_prorsa.sim.fit import fit_model
+    from sglang_prorsa.sim.runner import simulate
+
+    if len(samples.get("prefill", [])) < 3:
+        print("sim predict: no colocated fit samples (the colocated mode did not run); no prediction", flush=True)
+        return
+    config, lines = fit_model(samples, args.sim_base, "bench_rollout.py --sim-predict, the run's own instances")
+    print("sim fit: " + "; ".join(lines), flush=True)
+    (out / f"{args.tag}_sim_model.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / f"{args.tag}_sim_samples.json").write_text(json.dumps(samples) + "\n")
+    model = ModelConfig.from_dict(config)
+    rollout = RolloutConfig(preset=args.preset, staleness=args.staleness, group_size=args.group_size,
+                            groups_per_step=args.groups, steps=args.steps, seed=args.seed, train_s=args.train_s,
+                            scale=plan_scale(args))
+    for row in rows:
+        if row.get("error") or row["mode"] not in ("adaptive", "static", "colocated"):
+            continue
+        p = static_prefill(args) if row["mode"] == "static" else (1 if row["mode"] == "adaptive" else 0)
+        cluster = ClusterConfig(gpus=args.instances, mode=row["mode"], prefill_instances=p,
+                                horizon_s=args.horizon or 10.0)
+        result = simulate(model, cluster, rollout)
+        predicted = result.step_times_s
+        row["sim_step_times_s"] = [round(x, 3) for x in predicted]
+        row["sim_step_time_mean_s"] = round(statistics.fmean(predicted), 3) if predicted else None
+        row["sim_switches"] = result.switches
+        measured = row.get("step_time_mean_s")
+        row["sim_error"] = (round(row["sim_step_time_mean_s"] / measured - 1, 4)
+                            if measured and row["sim_step_time_mean_s"] is not None else None)
+
+
+def print_prediction(rows: list[dict]) -> None:
+    shown = [r for r in rows if r.get("sim_error") is not None]
+    if not shown:
+        return
+    print(f"{'mode':<10} {'measured step (s)':>18} {'simulated (s)':>14} {'error':>8}  within +-20 %")
+    for r in shown:
+        print(f"{r['mode']:<10} {r['step_time_mean_s']:>18.2f} {r['sim_step_time_mean_s']:>14.2f} "
+              f"{100 * r['sim_error']:>7.1f}%  {'yes' if abs(r['sim_error']) <= 0.2 else 'NO'}")
+
+
 # ----- launching the modes ---------------------------------------------------------------------------------------
 
 def launcher_flags() -> str | None:
@@ -544,10 +609,14 @@ def launcher_flags() -> str | None:
     return text if MODE_FLAG["adaptive"] in text else None
 
 
+def static_prefill(args: argparse.Namespace) -> int:
+    return args.static_prefill or max(1, args.instances // 2)
+
+
 def mode_flags(mode: str, args: argparse.Namespace, log_dir: Path) -> list[str]:
     n = args.instances
     flags = {"adaptive": ["--pd-adaptive", "--prorsa-instances", str(n)],
-             "static": ["--pd-static", f"{args.static_prefill or max(1, n // 2)}:{n - (args.static_prefill or max(1, n // 2))}"],
+             "static": ["--pd-static", f"{static_prefill(args)}:{n - static_prefill(args)}"],
              "colocated": ["--pd-colocated", str(n)],
              "single": []}[mode]
     if mode != "single":
@@ -572,7 +641,8 @@ async def warm_up(url: str, limit_s: float = 120.0) -> None:
 
 
 def run_on(url: str, mode: str, workload, args: argparse.Namespace, extra: dict,
-           alive: Callable[[], bool] | None = None) -> tuple[dict, RunRecord]:
+           alive: Callable[[], bool] | None = None, fit_samples: dict | None = None) -> tuple[dict, RunRecord]:
+    """``fit_samples``: filled for ``--sim-predict`` after the warm-up, before the workload (sim_fit_samples)."""
     import requests
 
     try:
@@ -584,6 +654,8 @@ def run_on(url: str, mode: str, workload, args: argparse.Namespace, extra: dict,
     else:
         report = args.report_requests == "on"
     asyncio.run(warm_up(url))
+    if fit_samples is not None:
+        sim_fit_samples(url, mode, args, fit_samples)
     before, reports_before = engine_counters(url), server_reports(url)
     t0 = time.time()
     rec, stats = asyncio.run(drive(url, workload, args, mode, report, alive))
@@ -601,8 +673,8 @@ def run_on(url: str, mode: str, workload, args: argparse.Namespace, extra: dict,
     return summarise(mode, rec, before, after, wall, args, extra), rec
 
 
-def launch_and_run(mode: str, workload, args: argparse.Namespace, log_dir: Path, help_text: str | None
-                   ) -> tuple[dict, RunRecord | None]:
+def launch_and_run(mode: str, workload, args: argparse.Namespace, log_dir: Path, help_text: str | None,
+                   fit_samples: dict | None = None) -> tuple[dict, RunRecord | None]:
     if mode != "single" and help_text is not None and MODE_FLAG[mode] not in help_text:
         msg = f"this launcher has no {MODE_FLAG[mode]} (mode skipped)"
         tqdm.write(f"[{mode}] {msg}")
@@ -615,7 +687,7 @@ def launch_and_run(mode: str, workload, args: argparse.Namespace, log_dir: Path,
         ready = srv.wait_ready(timeout=args.ready_timeout_s)
         tqdm.write(f"[{mode}] ready in {ready:.0f} s")
         row, rec = run_on(srv.url, mode, workload, args, {"launch": " ".join(argv[:-4]), "ready_s": round(ready, 1)},
-                          alive=srv.alive)
+                          alive=srv.alive, fit_samples=fit_samples)
         return row, rec
     except Exception as exc:  # report the mode as failed and go on with the next one
         tqdm.write(f"[{mode}] failed: {exc}\n{srv.log_tail(30)}")
@@ -819,6 +891,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--print-every-s", type=float, default=5.0, help="--url: live status line period")
     ap.add_argument("--ready-timeout-s", type=float, default=900.0)
     ap.add_argument("--request-timeout-s", type=float, default=600.0)
+    ap.add_argument("--sim-predict", action="store_true",
+                    help="fit the simulator to the run's own instances and report its prediction of every mode")
+    ap.add_argument("--sim-base", default="tiny_cpu", help="model config the fit starts from (sim/models/)")
+    ap.add_argument("--sim-prompt-lengths", default="64,256,1024,2048", help="--sim-predict: prefill fit lengths")
+    ap.add_argument("--sim-batches", default="1,4,8,16", help="--sim-predict: decode fit batch sizes")
     args = ap.parse_args(argv)
     quick = {"instances": 3, "steps": 2, "groups": 2, "max_turns": 3, "time_scale": 0.15, "train_s": 1.0,
              "horizon": 5.0}
@@ -870,14 +947,18 @@ def main(argv: list[str] | None = None) -> int:
         help_text = launcher_flags()
         if help_text is None:
             print("could not read the launcher's --help; launching every mode", flush=True)
+        fit_samples = {} if args.sim_predict else None
         for mode in tqdm(args.mode_list, desc="modes", unit="mode"):
-            row, rec = launch_and_run(mode, workload, args, log_dir, help_text)
+            row, rec = launch_and_run(mode, workload, args, log_dir, help_text, fit_samples)
             rows.append(row)
             if rec is not None:
                 recs[mode] = rec
             write_rows(rows, json_path)  # what is done so far survives an interrupted run
+        if fit_samples is not None:
+            sim_predict(rows, fit_samples, args, out)
     add_comparisons(rows, recs, args.baseline)
     print_table(rows)
+    print_prediction(rows)
     write_rows(rows, json_path)
     (out / f"{args.tag}_timeline.json").write_text(json.dumps(
         {m: [{**s, "t": round(s["t"] - r.t0, 3)} for s in r.timeline] for m, r in recs.items()}, default=str) + "\n")

@@ -47,6 +47,7 @@ class ProrsaConfig:
     prorsa_instance_id: str = ""
     prorsa_advertise_url: str = ""  # how others reach this instance (default http://--host:--port)
     prorsa_instance_host: str = "127.0.0.1"  # where a front starts its instances
+    prorsa_cpu_threads: int = 0  # torch threads per instance without CUDA (0: the host's cores shared out)
 
     @property
     def mode(self) -> Mode:
@@ -104,6 +105,8 @@ class ProrsaConfig:
                                                         "or 0 to serve only instances that register by URL")
             if self.prorsa_instances and not 1 <= self.prorsa_initial_prefill < self.prorsa_instances:
                 raise ConfigError("--prorsa-initial-prefill", "must be between 1 and --prorsa-instances - 1")
+        if self.prorsa_cpu_threads < 0:
+            raise ConfigError("--prorsa-cpu-threads", "must be >= 0 (0: automatic)")
         if self.prorsa_horizon_s <= 0:
             raise ConfigError("--prorsa-horizon", "must be > 0 seconds")
         if self.prorsa_control_interval_s < 0:
@@ -161,6 +164,10 @@ _HELP = {
     "prorsa_instance_id": "Name of this instance in the controller's registry (default: its URL).",
     "prorsa_advertise_url": "URL others use to reach this instance (default: http://--host:--port).",
     "prorsa_instance_host": "Address a front binds the instances it starts to (default: 127.0.0.1).",
+    "prorsa_cpu_threads": "Torch intra-op threads of each engine instance on a host without CUDA (default 0: a "
+    "front shares the host's cores among the instances it starts, at least 1 each; a single server or a "
+    "registering instance keeps torch's default, all cores). Instances that each run an OpenMP team over the same "
+    "cores slow each other down many times over.",
 }
 
 
@@ -214,6 +221,7 @@ class InstanceSpec:
     controller_url: str = ""  # register here at start-up ("" for a single server)
     advertise_url: str = ""
     switchable: bool = False  # a PD instance whose role a controller may switch (role switching on, prefix cache on)
+    cpu_threads: int = 0  # torch threads of its scheduler on CPU (0: torch's default); cpu_recipe.instance_threads
 
     @property
     def url(self) -> str:

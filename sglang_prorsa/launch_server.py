@@ -106,7 +106,8 @@ def instance_spec(config: ProrsaConfig, sglang_argv: list[str]) -> InstanceSpec:
         instance_id=config.prorsa_instance_id or f"{args.host}:{args.port}", host=args.host, port=args.port,
         role=role, bootstrap_port=args.disaggregation_bootstrap_port if pd else None,
         sglang_argv=tuple(sglang_argv), prorsa=config, controller_url=config.prorsa_controller,
-        advertise_url=config.prorsa_advertise_url, switchable=pd and config.mode is Mode.INSTANCE)
+        advertise_url=config.prorsa_advertise_url, switchable=pd and config.mode is Mode.INSTANCE,
+        cpu_threads=config.prorsa_cpu_threads)
 
 
 def check_kernels_importable() -> None:

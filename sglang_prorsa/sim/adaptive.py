@@ -47,12 +47,14 @@ from sglang_prorsa.srt.role_switch.theta import ThetaConfig, ThetaModel, ThetaSa
 from sglang_prorsa.srt.utils.clock import ManualClock
 from sglang_prorsa.workload.generator import WorkloadGenerator
 from sglang_prorsa.workload.presets import TaskProfile
+from sglang_prorsa.workload.scaling import PlanScale
 
 G_PROFILE_PLANS = 200  # plans per task sampled to estimate the prefix-hit ratio by prompt length
 MAX_INGEST = 5_000  # events per ingest call (the control plane applies a batch under one lock)
 
 
-def expected_hit_ratios(tasks: list[TaskProfile], hit_probability: float, seed: int = 0) -> list[float]:
+def expected_hit_ratios(tasks: list[TaskProfile], hit_probability: float, seed: int = 0,
+                        scale: PlanScale | None = None) -> list[float]:
     """Token-weighted prefix-hit ratio of a PD prefill request, per length in PROFILE_POINTS.
 
     Turn k > 0 of a trajectory can hit its previous prompt (the prefill instance cached it; the output was decoded
@@ -63,7 +65,7 @@ def expected_hit_ratios(tasks: list[TaskProfile], hit_probability: float, seed: 
     for task in tasks:
         generator = WorkloadGenerator(task, seed)
         for i in range(G_PROFILE_PLANS):
-            plan = generator.plan(i)
+            plan = generator.plan(i) if scale is None else scale.apply(generator.plan(i))
             x_prev = None
             x = plan.first_prompt_tokens
             for turn in plan.turns:
@@ -93,10 +95,12 @@ class ControlPlaneDriver:
         self.clock = ManualClock(0.0)
         self.horizon_s = cluster.horizon_s
         x_new = round(sum(t.first_prompt_tokens.median for t in tasks) / len(tasks))
+        if rollout.scale is not None:
+            x_new = rollout.scale.prompt_tokens(x_new)
         injection = (InjectionConfig(InjectionPolicy.NONE) if rollout.synchronous
                      else InjectionConfig(InjectionPolicy.GROUP, group_size=rollout.group_size))
         hit_p = 1.0 if cluster.routing == "rank_aware" else 1.0 / perf.ranks
-        self.g = predictor_profile(perf, expected_hit_ratios(tasks, hit_p))
+        self.g = predictor_profile(perf, expected_hit_ratios(tasks, hit_p, scale=rollout.scale))
         self.cp = LifecycleControlPlane(self.clock, PredictorConfig(
             horizon_s=cluster.horizon_s, injection=injection, default_prompt_tokens=x_new, prefill_profile=self.g))
         planner = PlannerConfig.unguarded() if cluster.planner == "paper" else PlannerConfig(

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from sglang_prorsa.workload.scaling import PlanScale
+
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 MODES = ("colocated", "static", "adaptive")
 ROUTING = ("sglang", "rank_aware")
@@ -160,6 +162,7 @@ class RolloutConfig:
     steps: int = 3  # training steps to simulate
     seed: int = 0
     train_s: float = 0.0  # async: a batch's completion -> the new weights reach the engines (training + sync)
+    scale: PlanScale | None = None  # plans shrunk for a small deployment (bench_rollout.py's run; scaling.py)
 
     def __post_init__(self) -> None:
         if self.staleness < 0 or self.group_size < 1 or self.groups_per_step < 1 or self.steps < 1:

@@ -12,6 +12,9 @@ the simulator needs, not a kernel benchmark.
 
 Least squares with non-negative coefficients (a negative cost would be extrapolated into negative times):
     prefill  s = b_P + a_P*n + a_ctx*n*(c + n/2)        decode  s = b_D + s_D*B + k_D*C
+With ``--pd-url`` (a PD deployment of the same model: a front or router over a prefill and a decode instance), the
+same 1-token requests are also timed through it (``"pd_prefill"`` samples); what a PD round trip costs beyond the
+fitted prefill (bootstrap, KV transfer, the extra hop) becomes ``transfer_latency_s``, the median over samples.
 The output is the base model's config with the fitted numbers and their provenance in ``sources``.
 """
 
@@ -62,6 +65,37 @@ def fit_decode(samples: list[list[float]]) -> tuple[dict[str, float], float]:
     return {"iter_base_s": coef[0], "per_seq_s": coef[1], "per_ctx_token_s": coef[2]}, _r2(design @ coef, s)
 
 
+def fit_pd_overhead(pd_samples: list[list[float]], prefill: dict[str, float]) -> float:
+    """Median seconds a 1-token request through a PD pair takes beyond the fitted prefill of the same prompt."""
+    b, a, a_ctx = prefill["iter_base_s"], prefill["per_token_s"], prefill["per_token_ctx_s"]
+    extra = sorted(s - (b + a * n + a_ctx * n * (c + n / 2)) for n, c, s in pd_samples)
+    return max(0.0, extra[len(extra) // 2])
+
+
+def fit_model(samples: dict[str, list[list[float]]], base: str, origin: str) -> tuple[dict, list[str]]:
+    """The base model's config with every stage that has >= 3 samples fitted, and one report line per stage."""
+    config = load_model(base).to_dict()
+    lines = []
+    for stage, fitter in (("prefill", fit_prefill), ("decode", fit_decode)):
+        rows = samples.get(stage) or []
+        if len(rows) < 3:
+            lines.append(f"{stage}: {len(rows)} samples, need >= 3; keeping {base}'s values")
+            continue
+        params, r2 = fitter(rows)
+        config[stage] = params
+        config["sources"][stage] = f"fitted by sglang_prorsa.sim.fit from {len(rows)} samples ({origin}); R^2 = {r2:.3f}"
+        lines.append(f"{stage}: " + ", ".join(f"{k}={v:.3g}" for k, v in params.items()) + f"  R^2={r2:.3f}")
+    pd = samples.get("pd_prefill") or []
+    if pd:
+        latency = fit_pd_overhead(pd, config["prefill"])
+        config["transfer_latency_s"] = latency
+        config["sources"]["transfer_latency_s"] = (
+            f"fitted by sglang_prorsa.sim.fit: median PD overhead over {len(pd)} 1-token requests through a PD pair "
+            f"beyond the fitted prefill ({origin})")
+        lines.append(f"PD overhead (transfer_latency_s): {latency:.4f} s over {len(pd)} samples")
+    return config, lines
+
+
 def _r2(predicted: np.ndarray, measured: np.ndarray) -> float:
     total = float(((measured - measured.mean()) ** 2).sum())
     return 1.0 - float(((measured - predicted) ** 2).sum()) / total if total > 0 else 1.0
@@ -78,18 +112,28 @@ def _generate(url: str, input_ids: list[int], max_new_tokens: int, timeout_s: fl
     return time.perf_counter() - start
 
 
-def measure(url: str, prompt_lengths: list[int], batches: list[int], decode_tokens: int = 32, repeats: int = 2,
-            seed: int = 0, timeout_s: float = 300.0) -> dict[str, list[list[float]]]:
-    """Time ``/generate`` on a server at ``url`` (127.0.0.1 / localhost only) into fit samples."""
+def _loopback(url: str) -> None:
     host = urlparse(url).hostname
     if host not in LOOPBACK:
         raise ValueError(f"refusing to measure {host!r}: only a server on the loopback interface")
+
+
+def measure_prefill(url: str, prompt_lengths: list[int], repeats: int = 2, seed: int = 0,
+                    timeout_s: float = 300.0) -> list[list[float]]:
+    """[[n, 0, seconds]]: the fastest of ``repeats`` 1-token requests of n fresh tokens (no prefix-cache hit)."""
+    _loopback(url)
     rng = random.Random(seed)
     fresh = lambda n: [rng.randrange(100, 1000) for _ in range(n)]  # noqa: E731 - new ids: no prefix-cache hit
-    prefill = []
-    for length in prompt_lengths:
-        best = min(_generate(url, fresh(length), 1, timeout_s) for _ in range(repeats))
-        prefill.append([length, 0, best])
+    return [[n, 0, min(_generate(url, fresh(n), 1, timeout_s) for _ in range(repeats))] for n in prompt_lengths]
+
+
+def measure(url: str, prompt_lengths: list[int], batches: list[int], decode_tokens: int = 32, repeats: int = 2,
+            seed: int = 0, timeout_s: float = 300.0) -> dict[str, list[list[float]]]:
+    """Time ``/generate`` on a server at ``url`` (127.0.0.1 / localhost only) into fit samples."""
+    _loopback(url)
+    prefill = measure_prefill(url, prompt_lengths, repeats, seed, timeout_s)
+    rng = random.Random(seed + 1)
+    fresh = lambda n: [rng.randrange(100, 1000) for _ in range(n)]  # noqa: E731
     decode, prompt = [], 256
     for batch in batches:
         def timed(tokens: int) -> float:
@@ -114,27 +158,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-lengths", default="128,512,1024,2048", help="live: prefill lengths")
     parser.add_argument("--batches", default="1,4,8", help="live: decode batch sizes")
     parser.add_argument("--save-samples", help="live: also write the measured samples here")
+    parser.add_argument("--pd-url", help="live: a PD deployment of the same model on 127.0.0.1, to fit its overhead "
+                                         "(transfer_latency_s)")
 
 
 def main(args: argparse.Namespace) -> int:
     if args.samples:
         samples, origin = json.loads(Path(args.samples).read_text()), f"samples file {Path(args.samples).name}"
     else:
-        samples = measure(args.url, [int(x) for x in args.prompt_lengths.split(",")],
-                          [int(x) for x in args.batches.split(",")])
-        origin = f"live /generate timing of {args.url}"
+        lengths = [int(x) for x in args.prompt_lengths.split(",")]
+        samples = measure(args.url, lengths, [int(x) for x in args.batches.split(",")])
+        if args.pd_url:
+            samples["pd_prefill"] = measure_prefill(args.pd_url, lengths, seed=1)
+        origin = f"live /generate timing of {args.url}" + (f" and {args.pd_url}" if args.pd_url else "")
         if args.save_samples:
             Path(args.save_samples).write_text(json.dumps(samples, indent=1))
-    config = load_model(args.base).to_dict()
-    for stage, fitter in (("prefill", fit_prefill), ("decode", fit_decode)):
-        rows = samples.get(stage) or []
-        if len(rows) < 3:
-            print(f"{stage}: {len(rows)} samples, need >= 3; keeping {args.base}'s values")
-            continue
-        params, r2 = fitter(rows)
-        config[stage] = params
-        config["sources"][stage] = f"fitted by sglang_prorsa.sim.fit from {len(rows)} samples ({origin}); R^2 = {r2:.3f}"
-        print(f"{stage}: " + ", ".join(f"{k}={v:.3g}" for k, v in params.items()) + f"  R^2={r2:.3f}")
+    config, lines = fit_model(samples, args.base, origin)
+    print("\n".join(lines))
     if args.out:
         Path(args.out).write_text(json.dumps(config, indent=2))
         print(f"wrote {args.out}")

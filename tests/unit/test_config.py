@@ -39,6 +39,7 @@ def test_modes(argv, mode, count, prefill):
     (["--prorsa-controller", "http://h:1", "--prorsa-kv-store", "mooncake"], "--prorsa-mooncake-master"),
     (["--prorsa-dwell-switch-costs", "-1"], "--prorsa-dwell-switch-costs"),
     (["--prorsa-dwell-switch-costs", "inf"], "--prorsa-dwell-switch-costs"),
+    (["--pd-colocated", "3", "--prorsa-cpu-threads", "-1"], "--prorsa-cpu-threads"),
 ])
 def test_bad_combinations_name_the_flag(argv, flag):
     with pytest.raises(ConfigError) as e:
@@ -60,6 +61,24 @@ def test_the_dwell_guard_is_configured_whole():
 
 def test_an_instance_spec_round_trips_through_its_file(tmp_path):
     config, _ = split_prorsa_flags(["--pd-adaptive"])
-    spec = InstanceSpec("0", "127.0.0.1", 1234, "prefill", 5678, ("--tp", "1"), config, switchable=True)
+    spec = InstanceSpec("0", "127.0.0.1", 1234, "prefill", 5678, ("--tp", "1"), config, switchable=True,
+                        cpu_threads=2)
     assert InstanceSpec.load(spec.dump(tmp_path / "s.json")) == spec
     assert spec.url == "http://127.0.0.1:1234"
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--pd-colocated", "3"], lambda cores: max(1, cores // 3)),
+    (["--pd-static", "1:1"], lambda cores: max(1, cores // 2)),
+    (["--pd-adaptive", "--prorsa-instances", "4", "--prorsa-cpu-threads", "3"], lambda cores: 3),
+])
+def test_a_front_shares_the_hosts_cores_among_its_instances(argv, expected, tmp_path):
+    """Instances that each run an OpenMP team over all cores slow each other many times over (cpu_recipe.py)."""
+    import os
+
+    from sglang_prorsa.srt.controller.launcher import instance_specs
+
+    config, rest = split_prorsa_flags(argv)
+    specs = instance_specs(config, rest, tmp_path, "http://127.0.0.1:1")
+    assert len(specs) == config.instance_count
+    assert {s.cpu_threads for s in specs} == {expected(len(os.sched_getaffinity(0)))}

@@ -34,7 +34,10 @@ def instance_specs(config: ProrsaConfig, sglang_argv: list[str], log_dir: Path,
                    controller_url: str) -> list[InstanceSpec]:
     from sglang_prorsa.srt.utils import processes
 
+    from sglang_prorsa.srt.cpu_recipe import instance_threads
+
     specs = []
+    threads = instance_threads(config.prorsa_cpu_threads, config.instance_count)  # used by instances on CPU only
     for k in range(config.instance_count):
         if config.mode is Mode.COLOCATED:
             role, bport = "null", None
@@ -43,7 +46,8 @@ def instance_specs(config: ProrsaConfig, sglang_argv: list[str], log_dir: Path,
             bport = processes.free_port()
         specs.append(InstanceSpec(instance_id=str(k), host=config.prorsa_instance_host, port=processes.free_port(),
                                   role=role, bootstrap_port=bport, sglang_argv=tuple(sglang_argv), prorsa=config,
-                                  controller_url=controller_url, switchable=config.mode is Mode.ADAPTIVE))
+                                  controller_url=controller_url, switchable=config.mode is Mode.ADAPTIVE,
+                                  cpu_threads=threads))
     return specs
 
 

@@ -75,7 +75,8 @@ def run_instance(spec: InstanceSpec) -> None:
     logging.getLogger("sglang_prorsa").setLevel(logging.INFO)
     addresses = ChannelAddresses.fresh()
     runtime = SchedulerRuntime(instance_id=spec.instance_id, channel=addresses,
-                               kv_store=kv_store_config(spec.prorsa))
+                               kv_store=kv_store_config(spec.prorsa),
+                               cpu_threads=spec.cpu_threads if str(server_args.device) == "cpu" else 0)
     keys = AuthKeys.of(server_args)
     side = EngineSide(spec, EngineChannel(addresses), tokenizer_manager=None, keys=keys)
     hooks.ENGINE = side

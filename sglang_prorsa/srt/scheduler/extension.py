@@ -54,6 +54,7 @@ class SchedulerRuntime:
     instance_id: str
     channel: ChannelAddresses
     kv_store: KVStoreConfig
+    cpu_threads: int = 0  # torch intra-op threads of the scheduler (CPU instances; 0: torch's default)
 
 
 RUNTIME: SchedulerRuntime | None = None  # set once by our scheduler entry (scheduler/process.py) in this process

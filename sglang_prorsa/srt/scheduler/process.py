@@ -20,6 +20,11 @@ def run_scheduler_process(runtime: SchedulerRuntime, *args, **kwargs):
     apply_overrides()
     extension.RUNTIME = runtime
     logging.getLogger("sglang_prorsa").setLevel(logging.INFO)
+    if runtime.cpu_threads > 0:  # several CPU instances on one host: see cpu_recipe.instance_threads
+        import torch
+
+        torch.set_num_threads(runtime.cpu_threads)
+        logging.getLogger("sglang_prorsa").info("scheduler: %d torch thread(s)", runtime.cpu_threads)
     from sglang.srt.managers.scheduler import run_scheduler_process as sglang_run_scheduler_process
 
     return sglang_run_scheduler_process(*args, **kwargs)

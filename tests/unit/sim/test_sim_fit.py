@@ -7,7 +7,7 @@ import pytest
 
 from sglang_prorsa.sim.__main__ import main as cli
 from sglang_prorsa.sim.config import load_model
-from sglang_prorsa.sim.fit import fit_decode, fit_prefill, measure, nonnegative_lstsq
+from sglang_prorsa.sim.fit import fit_decode, fit_model, fit_prefill, measure, nonnegative_lstsq
 from sglang_prorsa.sim.perf_model import PerfModel
 
 
@@ -44,3 +44,18 @@ def test_fit_command_writes_a_loadable_config(tmp_path):
 def test_live_measurement_is_loopback_only():
     with pytest.raises(ValueError, match="loopback"):
         measure("http://10.0.0.1:30000", [128], [1])
+
+
+def test_pd_overhead_becomes_the_transfer_latency():
+    perf = PerfModel(load_model("tiny_cpu"))
+    lengths = (64, 256, 1024, 2048, 3072)
+    samples = {"prefill": [[n, 0, perf.prefill_iteration_s(n, 0)] for n in lengths],
+               "decode": [[b, b * 300, perf.decode_step_s(b, b * 300)] for b in (1, 4, 8, 16)],
+               "pd_prefill": [[n, 0, perf.prefill_iteration_s(n, 0) + 0.07 + (0.5 if n == 64 else 0.0)]
+                              for n in lengths]}
+    config, lines = fit_model(samples, "tiny_cpu", "test")
+    assert config["transfer_latency_s"] == pytest.approx(0.07, abs=1e-9)  # the median ignores one outlier
+    assert "median PD overhead over 5" in config["sources"]["transfer_latency_s"]
+    assert any(line.startswith("PD overhead") for line in lines)
+    without = fit_model({k: v for k, v in samples.items() if k != "pd_prefill"}, "tiny_cpu", "test")[0]
+    assert without["transfer_latency_s"] == load_model("tiny_cpu").transfer_latency_s

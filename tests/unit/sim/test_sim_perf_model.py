@@ -82,18 +82,22 @@ def test_wide_decode_shape():
         load_model("deepseek_v32").shape("wide")
 
 
+CPU_MODELS = ("tiny_cpu",)  # the base bench_rollout.py --sim-predict fits to its own CPU instances
+
+
 @pytest.mark.parametrize("name", available_models())
 def test_shipped_model_configs_cite_their_sources(name):
     cfg = load_model(name)
-    assert cfg.switch_s == 5.0
     assert cfg.sources, "every shipped model must say where its numbers come from"
     for key in ("gpus_per_instance", "dp_ranks", "chunk_tokens", "switch_s", "max_running_per_rank",
-                "reserved_decode_tokens", "transfer_gbytes_per_s"):
+                "reserved_decode_tokens", "transfer_gbytes_per_s", "kv_bytes_per_token", "kv_tokens_per_rank"):
         assert key in cfg.sources
     assert all(cfg.sources[k] for k in cfg.sources)
     perf = PerfModel(cfg)
-    assert 0.01 < perf.decode_step_s(16, 16 * 8192) < 0.1  # tens of ms per decode step at Table 1's batch
     assert math.isfinite(perf.profiled_theta(8192))
+    if name not in CPU_MODELS:  # GPU clusters: Appendix C's switch time, tens of ms per decode step at Table 1's batch
+        assert cfg.switch_s == 5.0
+        assert 0.01 < perf.decode_step_s(16, 16 * 8192) < 0.1
 
 
 def test_model_config_rejects_unknown_fields():
