@@ -6,7 +6,8 @@ hand structured records (tokens, sampling parameters, store keys) to the engine 
 - control (REQ/REP): the engine sends one typed message from ``srt/messages.py`` at a time; the scheduler answers
   between two forward passes, from inside its event loop, so it never races the model;
 - records (PUSH/PULL): the scheduler pushes a ``MigratedRequest`` for each request it takes off the instance
-  *before* it aborts it, so the record is always waiting by the time the abort reaches the engine side.
+  *before* it aborts it, so the record is always waiting by the time the abort reaches the engine side; and a
+  ``Decoding`` note when requests start decoding (the lifecycle's prefill_end).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, Callable
 import zmq
 import zmq.asyncio
 
-from sglang_prorsa.srt.messages import ChannelError, MigratedRequest
+from sglang_prorsa.srt.messages import ChannelError, Decoding, MigratedRequest
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class SchedulerChannel:
             self.control.send(pickle.dumps(reply))
             handled += 1
 
-    def push(self, record: MigratedRequest) -> None:
+    def push(self, record: MigratedRequest | Decoding) -> None:
         self.records.send(pickle.dumps(record))
 
 
@@ -87,6 +88,7 @@ class EngineChannel:
         self._records.setsockopt(zmq.LINGER, 0)
         self._records.connect(addresses.records)
         self._on_record: Callable[[MigratedRequest], None] | None = None
+        self._on_decoding: Callable[[Decoding], None] | None = None
 
     def _connect(self) -> zmq.asyncio.Socket:
         s = self._ctx.socket(zmq.REQ)
@@ -110,12 +112,14 @@ class EngineChannel:
             raise reply
         return reply
 
-    def attach(self, loop: asyncio.AbstractEventLoop, on_record: Callable[[MigratedRequest], None]) -> None:
-        self._on_record = on_record
+    def attach(self, loop: asyncio.AbstractEventLoop, on_record: Callable[[MigratedRequest], None],
+               on_decoding: Callable[[Decoding], None] | None = None) -> None:
+        self._on_record, self._on_decoding = on_record, on_decoding
         loop.add_reader(self._records.getsockopt(zmq.FD), self.drain)
         self.drain()
 
     def drain(self) -> list[MigratedRequest]:
+        """Every record already delivered (``Decoding`` notes go to their own callback, never into the list)."""
         out = []
         while True:
             try:
@@ -123,6 +127,10 @@ class EngineChannel:
             except zmq.Again:
                 break
             record = pickle.loads(raw)
+            if isinstance(record, Decoding):
+                if self._on_decoding is not None:
+                    self._on_decoding(record)
+                continue
             out.append(record)
             if self._on_record is not None:
                 self._on_record(record)

@@ -155,6 +155,17 @@ class MigratedRequest:
 
 
 @dataclass(frozen=True)
+class Decoding:
+    """Requests that began decoding on this instance since the last report, and when the scheduler saw them.
+
+    The engine side reports the lifecycle's prefill_end from this: a non-streamed request otherwise gives the
+    tokenizer manager no output before it finishes, so its prefill would seem to last its whole decode."""
+
+    rids: tuple[str, ...]
+    ts: float
+
+
+@dataclass(frozen=True)
 class QueuedItem:
     rid: str
     bootstrap_room: int | None

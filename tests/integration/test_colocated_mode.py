@@ -76,6 +76,32 @@ def test_a_trajectory_stays_on_its_instance_and_its_turns_reach_the_tracker(colo
     assert status["states"]["decoded"] >= 1 and status["states"]["decode"] == 0
 
 
+def test_a_non_streamed_request_is_in_decode_while_it_generates(colocated):
+    """prefill_end comes from the scheduler when the request starts decoding, not with the only output a non-streamed
+    request has (at its end): otherwise every decode looks like prefill to the forecast (issue 15's live WAPE)."""
+    import threading
+
+    done = threading.Event()
+    answer = {}
+
+    def generate():
+        answer["r"] = requests.post(colocated.url + "/generate", headers={"X-Trajectory-Id": "colo-long"}, timeout=300,
+                                    json={"input_ids": [9, 10, 11, 12], "sampling_params": {
+                                        "max_new_tokens": 600, "temperature": 0, "ignore_eos": True}})
+        done.set()
+
+    thread = threading.Thread(target=generate)
+    thread.start()
+    seen_decoding = False
+    while not done.is_set():
+        states = requests.get(colocated.url + "/lifecycle/status", timeout=10).json()["states"]
+        seen_decoding = seen_decoding or (states["decode"] >= 1 and not done.is_set())
+        time.sleep(0.05)
+    thread.join()
+    assert answer["r"].status_code == 200 and len(answer["r"].json()["output_ids"]) == 600
+    assert seen_decoding, "the tracker never saw the request in decode before it finished"
+
+
 def test_the_same_routes_as_the_pd_modes(colocated):
     for path in ("/prorsa/forecast", "/prorsa/decision", "/workers", "/get_load", "/v1/models", "/get_model_info",
                  "/metrics", "/lifecycle/status"):

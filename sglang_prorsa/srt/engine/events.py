@@ -2,7 +2,9 @@
 trajectory id, batched and sent to the controller's tracker in the background (never on a request's path).
 
 The instance that holds the caller reports (a decode instance, or a colocated one); prefill halves and resumed
-continuations do not, so each request counts once.
+continuations do not, so each request counts once. prefill_end is stamped when the scheduler first runs the request
+in its decode batch (a ``Decoding`` note over the instance's channel), or at its first output if that comes first:
+a non-streamed request has no output before it finishes, and waiting for it made every decode look like prefill.
 """
 
 from __future__ import annotations
@@ -10,7 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from typing import Any, Callable
+
+from sglang_prorsa.srt.messages import Decoding
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +32,7 @@ class EngineEvents:
         self.dropped = 0
         self.sent = 0
         self._task: asyncio.Task | None = None
+        self._prefilling: OrderedDict[str, tuple[str, str]] = OrderedDict()  # rid -> (trajectory, prefill instance)
 
     @property
     def enabled(self) -> bool:
@@ -36,7 +42,7 @@ class EngineEvents:
         if self.enabled and self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._flush_loop())
 
-    def _add(self, event: dict[str, Any]) -> None:
+    def _add(self, event: dict[str, Any], ts: float | None = None) -> None:
         if not self.enabled:
             return
         if len(self._buffer) >= MAX_BUFFERED:
@@ -44,15 +50,25 @@ class EngineEvents:
             self.dropped += 1
         # Stamped when it happened, not when the batch arrives: the trainer's hints race these, and the tracker orders
         # the two channels by ts (a late report of a response the trainer already acted on must not rewind it).
-        event["ts"] = time.time()
+        event["ts"] = time.time() if ts is None else ts
         self._buffer.append(event)
 
-    def arrived(self, tid: str, prompt_tokens: int, prefill_instance: str) -> None:
+    def arrived(self, rid: str, tid: str, prompt_tokens: int, prefill_instance: str) -> None:
         self._add({"trajectory_id": tid, "event": "request_arrived", "prompt_tokens": int(prompt_tokens)})
         self._add({"trajectory_id": tid, "event": "prefill_start", "instance": prefill_instance})
+        self._prefilling[rid] = (tid, prefill_instance)
+        if len(self._prefilling) > MAX_BUFFERED:  # requests that ended without any output (aborted at entry)
+            self._prefilling.popitem(last=False)
 
-    def prefilled(self, tid: str, prefill_instance: str) -> None:
-        self._add({"trajectory_id": tid, "event": "prefill_end", "instance": prefill_instance})
+    def prefilled(self, rid: str, ts: float | None = None) -> None:
+        """prefill_end of ``rid``, once: from the scheduler's ``Decoding`` note or the request's first output."""
+        entry = self._prefilling.pop(rid, None)
+        if entry is not None:
+            self._add({"trajectory_id": entry[0], "event": "prefill_end", "instance": entry[1]}, ts)
+
+    def decoding(self, note: Decoding) -> None:
+        for rid in note.rids:
+            self.prefilled(rid, note.ts)
 
     def decoded(self, tid: str, output_tokens: int | None = None) -> None:
         event = {"trajectory_id": tid, "event": "decode_end"}

@@ -181,7 +181,7 @@ def wrap_stream_one_response(original):
         report = side.events.enabled and side.role != "prefill" and _header(request, RESUME_HEADER) is None
         tid = trajectory_of(request) if report else None
         if tid:
-            side.events.arrived(tid, len(await side.prompt_ids(obj)), _prefill_of(side, obj))
+            side.events.arrived(obj.rid, tid, len(await side.prompt_ids(obj)), _prefill_of(side, obj))
         aborts_at_entry = side.user_aborts
         ids = text = 0  # what the caller has received so far (streaming)
         incremental = bool(obj.stream) and bool(self.incremental_streaming_output)
@@ -192,6 +192,7 @@ def wrap_stream_one_response(original):
             nonlocal ended
             if tid and not ended:
                 ended = True
+                side.events.prefilled(obj.rid)  # a request resumed elsewhere before its first output here
                 side.events.decoded(tid, output_tokens)
 
         def deliver(out: dict, final: bool) -> dict:
@@ -220,7 +221,7 @@ def wrap_stream_one_response(original):
                     if _ours(out):
                         logger.error("request %s was taken off without a record; answering its abort", obj.rid)
                 if first and tid:
-                    side.events.prefilled(tid, _prefill_of(side, obj))
+                    side.events.prefilled(obj.rid)  # unless the scheduler's Decoding note came first
                     first = False
                 yield deliver(out, state.finished)
         except HandedBack:

@@ -72,7 +72,7 @@ class EngineSide:
         from sglang_prorsa.srt.engine.watchdog import watch_orphans
 
         loop = asyncio.get_running_loop()
-        self.channel.attach(loop, self.book.put)
+        self.channel.attach(loop, self.book.put, self.events.decoding)
         self.events.start()
         self._watchdog = loop.create_task(watch_orphans(self))
 

@@ -24,6 +24,7 @@ from sglang_prorsa.srt.channel import ChannelAddresses, SchedulerChannel
 from sglang_prorsa.srt.disaggregation.kv_persist import KVStoreConfig
 from sglang_prorsa.srt.messages import (
     Code,
+    Decoding,
     ForgetPrefill,
     Inventory,
     InventoryResult,
@@ -136,6 +137,7 @@ class SchedulerSide:
         self.released: dict[int, float] = {}  # bootstrap room -> expiry (monotonic)
         self.lost: dict[tuple[str, int], float] = {}  # a dead prefill's bootstrap address -> expiry
         self.first_seen: dict[str, float] = {}  # rid -> when a queued request was first seen (bounded by the queues)
+        self.decoding: set[str] = set()  # rids of the running batch at the last poll (bounded by the batch)
 
     # -- loop ---------------------------------------------------------------------------------------------------
     def role(self) -> str:
@@ -154,6 +156,16 @@ class SchedulerSide:
             self._release_late_arrivals()
         self.kv.expire_holds(self._known_rids())
         self.counters.observe_busy(not self.quiet(), self.role())
+        self._report_decoding()
+
+    def _report_decoding(self) -> None:
+        """Tell the engine side which requests joined the running (decode) batch since the last poll: their prefill
+        is over. A prefill instance's running batch stays empty, so only the instance holding the caller reports."""
+        current = {r.rid for r in self.s.running_batch.reqs if not str(r.rid).startswith(HEALTH_CHECK_RID_PREFIX)}
+        new = current - self.decoding
+        self.decoding = current
+        if new:
+            self.channel.push(Decoding(rids=tuple(new), ts=time.time()))
 
     def handle(self, msg: Any) -> Any:
         if isinstance(msg, Status):
