@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -554,7 +554,7 @@ def sim_fit_samples(url: str, mode: str, args: argparse.Namespace, samples: dict
 def sim_predict(rows: list[dict], samples: dict, args: argparse.Namespace, out: Path) -> None:
     """Fit the ``--sim-base`` model to the samples, simulate this run's workload (the same scaled plans, seed,
     instances and policy) in every mode that ran, and add the prediction to its row."""
-    from sglang_prorsa.sim.config import ClusterConfig, ModelConfig, RolloutConfig
+    from sglang_prorsa.sim.config import ClusterConfig, DecodeParams, ModelConfig, PrefillParams, RolloutConfig
     from sglang_prorsa.sim.fit import fit_model
     from sglang_prorsa.sim.runner import simulate
 
@@ -566,6 +566,10 @@ def sim_predict(rows: list[dict], samples: dict, args: argparse.Namespace, out: 
     (out / f"{args.tag}_sim_model.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / f"{args.tag}_sim_samples.json").write_text(json.dumps(samples) + "\n")
     model = ModelConfig.from_dict(config)
+    # The same run with (almost) free engines: what the plan's waits alone give, so the table shows what the fitted
+    # engine model adds to the prediction.
+    waits_only = replace(model, prefill=PrefillParams(1e-4, 0.0, 0.0), decode=DecodeParams(1e-4, 0.0, 0.0),
+                         transfer_latency_s=0.0)
     rollout = RolloutConfig(preset=args.preset, staleness=args.staleness, group_size=args.group_size,
                             groups_per_step=args.groups, steps=args.steps, seed=args.seed, train_s=args.train_s,
                             scale=plan_scale(args))
@@ -575,10 +579,13 @@ def sim_predict(rows: list[dict], samples: dict, args: argparse.Namespace, out: 
         p = static_prefill(args) if row["mode"] == "static" else (1 if row["mode"] == "adaptive" else 0)
         cluster = ClusterConfig(gpus=args.instances, mode=row["mode"], prefill_instances=p,
                                 horizon_s=args.horizon or 10.0)
-        result = simulate(model, cluster, rollout)
+        result, floor = simulate(model, cluster, rollout), simulate(waits_only, cluster, rollout)
         predicted = result.step_times_s
         row["sim_step_times_s"] = [round(x, 3) for x in predicted]
         row["sim_step_time_mean_s"] = round(statistics.fmean(predicted), 3) if predicted else None
+        row["sim_waits_only_step_time_mean_s"] = (round(statistics.fmean(floor.step_times_s), 3)
+                                                  if floor.step_times_s else None)
+        row["sim_trajectory_completion_p50_s"] = result.completion_p50_s
         row["sim_switches"] = result.switches
         measured = row.get("step_time_mean_s")
         row["sim_error"] = (round(row["sim_step_time_mean_s"] / measured - 1, 4)
@@ -589,10 +596,13 @@ def print_prediction(rows: list[dict]) -> None:
     shown = [r for r in rows if r.get("sim_error") is not None]
     if not shown:
         return
-    print(f"{'mode':<10} {'measured step (s)':>18} {'simulated (s)':>14} {'error':>8}  within +-20 %")
+    print(f"{'mode':<10} {'measured step (s)':>18} {'simulated (s)':>14} {'error':>8}  within +-20 %  "
+          f"{'waits alone (s)':>15}  {'traj p50 measured / simulated (s)':>34}")
     for r in shown:
         print(f"{r['mode']:<10} {r['step_time_mean_s']:>18.2f} {r['sim_step_time_mean_s']:>14.2f} "
-              f"{100 * r['sim_error']:>7.1f}%  {'yes' if abs(r['sim_error']) <= 0.2 else 'NO'}")
+              f"{100 * r['sim_error']:>7.1f}%  {'yes' if abs(r['sim_error']) <= 0.2 else 'NO':<13}  "
+              f"{_fmt(r.get('sim_waits_only_step_time_mean_s')):>15}  "
+              f"{_fmt(r.get('trajectory_completion_p50_s')):>16} / {_fmt(r.get('sim_trajectory_completion_p50_s'))}")
 
 
 # ----- launching the modes ---------------------------------------------------------------------------------------

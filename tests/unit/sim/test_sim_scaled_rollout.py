@@ -77,3 +77,20 @@ def test_every_mode_predicts_three_instances(bench, args, mode, prefill):
     result = simulate(load_model("tiny_cpu"), cluster, rollout)
     assert result.steps_done == 2 and result.instances == 3
     assert result.trajectories_finished == 12
+
+
+def test_sim_predict_fills_every_row_that_ran(bench, args, tmp_path):
+    """bench_rollout.py --sim-predict: the fit from the run's samples, a prediction per mode beside the waits alone."""
+    samples = {"prefill": [[64, 0, 0.02], [256, 0, 0.03], [1024, 0, 0.08], [2048, 0, 0.2]],
+               "decode": [[1, 272, 0.006], [4, 1088, 0.008], [8, 2176, 0.01], [16, 4352, 0.015]],
+               "pd_prefill": [[64, 0, 0.05], [256, 0, 0.06], [1024, 0, 0.11], [2048, 0, 0.23]]}
+    rows = [{"mode": "adaptive", "step_time_mean_s": 20.0}, {"mode": "static", "step_time_mean_s": 20.0},
+            {"mode": "colocated", "step_time_mean_s": 20.0}, {"mode": "static", "error": "did not start"}]
+    bench.sim_predict(rows, samples, args, tmp_path)
+    for row in rows[:3]:
+        assert len(row["sim_step_times_s"]) == args.steps
+        assert row["sim_error"] == pytest.approx(row["sim_step_time_mean_s"] / 20.0 - 1, abs=1e-3)
+        assert row["sim_waits_only_step_time_mean_s"] < row["sim_step_time_mean_s"]
+    assert "sim_error" not in rows[3]
+    model = (tmp_path / f"{args.tag}_sim_model.json").read_text()
+    assert "transfer_latency_s" in model and "median PD overhead" in model
