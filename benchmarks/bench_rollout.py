@@ -578,7 +578,7 @@ def sim_predict(rows: list[dict], samples: dict, args: argparse.Namespace, out: 
             continue
         p = static_prefill(args) if row["mode"] == "static" else (1 if row["mode"] == "adaptive" else 0)
         cluster = ClusterConfig(gpus=args.instances, mode=row["mode"], prefill_instances=p,
-                                horizon_s=args.horizon or 10.0)
+                                horizon_s=args.horizon)
         result, floor = simulate(model, cluster, rollout), simulate(waits_only, cluster, rollout)
         predicted = result.step_times_s
         row["sim_step_times_s"] = [round(x, 3) for x in predicted]
@@ -874,7 +874,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--instances", type=int, default=None, help="instances per mode (default: 3; with 2, adaptive has nothing to switch)")
     ap.add_argument("--static-prefill", type=int, default=None, help="P of --pd-static P:D (default: N // 2)")
-    ap.add_argument("--horizon", type=float, default=None, help="--prorsa-horizon for every mode")
+    ap.add_argument("--horizon", type=float, default=None,
+                    help="--prorsa-horizon for every mode (default: 10 s x --time-scale: the paper's S of 10 s goes "
+                         "with the preset's unscaled durations)")
     ap.add_argument("--server-args", default="", help="extra launcher flags for every mode (one string)")
     ap.add_argument("--preset", default="general_agent", choices=sorted(TASKS))
     ap.add_argument("--steps", type=int, default=None)
@@ -908,12 +910,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--sim-batches", default="1,4,8,16", help="--sim-predict: decode fit batch sizes")
     args = ap.parse_args(argv)
     quick = {"instances": 3, "steps": 2, "groups": 2, "max_turns": 3, "time_scale": 0.15, "train_s": 1.0,
-             "horizon": 5.0}
+             "horizon": None}
     full = {"instances": 3, "steps": 4, "groups": 4, "max_turns": 6, "time_scale": 0.25, "train_s": 2.0,
             "horizon": None}
     for key, value in (quick if args.quick else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.horizon is None:
+        # The forecast counts at most a trajectory's next request within S (terms.py, as the paper's q_i): with the
+        # durations scaled down, an unscaled 10 s horizon would hold several of its turns.
+        args.horizon = max(1.0, round(10.0 * args.time_scale, 3))
     args.tag = args.tag or ("rollout_quick" if args.quick else "rollout")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
