@@ -781,6 +781,12 @@ def plot_step_times(rows: list[dict], path: Path) -> None:
         ratio = r.get("step_time_ratio_to_baseline")
         label = r["mode"] + (f" (×{ratio:.2f} vs {r['baseline_mode']})" if ratio is not None else "")
         ax.bar(xs, r["step_times_s"], width, label=label)
+        if r.get("sim_step_times_s"):  # --sim-predict: the simulator's step times on the same bars
+            ax.scatter(xs[: len(r["sim_step_times_s"])], r["sim_step_times_s"], marker="_", s=400, color="black",
+                       zorder=3, label="simulated (sim fit on these instances)" if i == 0 else None)
+    if any(r.get("sim_step_times_s") for r in ok) and max(max(r["step_times_s"]) for r in ok) > 4 * min(
+            min(r["step_times_s"]) for r in ok):
+        ax.set_yscale("log")  # one stalled step would flatten every other bar
     ax.set_xticks([s + 0.4 - width / 2 for s in range(n_steps)], [f"step {s}" for s in range(n_steps)])
     ax.set_ylabel("rollout step time (s)")
     ax.set_title(f"{ok[0]['preset']}, {ok[0]['policy']}, {ok[0]['instances']} instances, seed {ok[0]['seed']}")
