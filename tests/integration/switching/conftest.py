@@ -14,6 +14,10 @@ def deployment(tiny_model, log_dir, tmp_path_factory):
     store = tmp_path_factory.mktemp("kv-store")
     with running_router(log_dir) as router, running_front(
             log_dir, ["--prorsa-kv-store", "file", "--prorsa-kv-store-path", str(store), "--prorsa-router",
-                      router.url], n_instances=4, initial_prefill=2) as front:
+                      router.url,
+                      # Two torch threads each, as before the front shared the cores out (one each): with the faster
+                      # instances, the first two busy-switch tests failed once in CI (passing alone); the timing they
+                      # depend on is not yet understood (see the README's known limits). Kept until it is.
+                      "--prorsa-cpu-threads", "2"], n_instances=4, initial_prefill=2) as front:
         front.router, front.store = router, store
         yield front
