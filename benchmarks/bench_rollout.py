@@ -112,12 +112,11 @@ def build_workload(args: argparse.Namespace) -> list[list[list[Episode]]]:
         for g in range(args.groups):
             gid = f"s{s}g{g}"
             first = (s * args.groups + g) * args.group_size
-            n_prompt = scale.prompt_tokens(gen.plan(first, gid).first_prompt_tokens)
+            plans = scale.apply_group([gen.plan(first + m, gid) for m in range(args.group_size)])
             rng = random.Random(f"{args.seed}/prompt/{gid}")
-            prompt = tuple(rng.randrange(TOKEN_LO, TOKEN_HI) for _ in range(n_prompt))  # shared by the group
+            prompt = tuple(rng.randrange(TOKEN_LO, TOKEN_HI) for _ in range(plans[0].first_prompt_tokens))
             members = []
-            for m in range(args.group_size):
-                plan = scale.apply(gen.plan(first + m, gid), first_prompt_tokens=n_prompt)
+            for m, plan in enumerate(plans):
                 tid = f"{gid}m{m}"
                 turns = []
                 for k, tp in enumerate(plan.turns):

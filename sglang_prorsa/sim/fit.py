@@ -112,6 +112,11 @@ def _generate(url: str, input_ids: list[int], max_new_tokens: int, timeout_s: fl
     return time.perf_counter() - start
 
 
+def _fresh_ids(rng: random.Random, n: int) -> list[int]:
+    """New random ids: no prefix-cache hit."""
+    return [rng.randrange(100, 1000) for _ in range(n)]
+
+
 def _loopback(url: str) -> None:
     host = urlparse(url).hostname
     if host not in LOOPBACK:
@@ -123,8 +128,8 @@ def measure_prefill(url: str, prompt_lengths: list[int], repeats: int = 2, seed:
     """[[n, 0, seconds]]: the fastest of ``repeats`` 1-token requests of n fresh tokens (no prefix-cache hit)."""
     _loopback(url)
     rng = random.Random(seed)
-    fresh = lambda n: [rng.randrange(100, 1000) for _ in range(n)]  # noqa: E731 - new ids: no prefix-cache hit
-    return [[n, 0, min(_generate(url, fresh(n), 1, timeout_s) for _ in range(repeats))] for n in prompt_lengths]
+    return [[n, 0, min(_generate(url, _fresh_ids(rng, n), 1, timeout_s) for _ in range(repeats))]
+            for n in prompt_lengths]
 
 
 def measure(url: str, prompt_lengths: list[int], batches: list[int], decode_tokens: int = 32, repeats: int = 2,
@@ -133,11 +138,10 @@ def measure(url: str, prompt_lengths: list[int], batches: list[int], decode_toke
     _loopback(url)
     prefill = measure_prefill(url, prompt_lengths, repeats, seed, timeout_s)
     rng = random.Random(seed + 1)
-    fresh = lambda n: [rng.randrange(100, 1000) for _ in range(n)]  # noqa: E731
     decode, prompt = [], 256
     for batch in batches:
         def timed(tokens: int) -> float:
-            prompts = [fresh(prompt) for _ in range(batch)]
+            prompts = [_fresh_ids(rng, prompt) for _ in range(batch)]
             start = time.perf_counter()
             with ThreadPoolExecutor(max_workers=batch) as pool:
                 list(pool.map(lambda ids: _generate(url, ids, tokens, timeout_s), prompts))

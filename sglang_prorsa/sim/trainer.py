@@ -145,12 +145,11 @@ class Trainer:
         self._dispatched_groups += 1
         self._group_left[gid] = self.rollout.group_size
         generator = self.generators[k % len(self.generators)]
-        scale, first = self.rollout.scale, len(self.runs)
-        shared_prompt = None if scale is None else scale.prompt_tokens(_plan(generator, first, gid).first_prompt_tokens)
-        for _ in range(self.rollout.group_size):
-            plan = _plan(generator, len(self.runs), gid)
-            if scale is not None:  # a small deployment's run of the preset (workload/scaling.py)
-                plan = scale.apply(plan, first_prompt_tokens=shared_prompt)
+        first = len(self.runs)
+        plans = [_plan(generator, first + m, gid) for m in range(self.rollout.group_size)]
+        if self.rollout.scale is not None:  # a small deployment's run of the preset (workload/scaling.py)
+            plans = self.rollout.scale.apply_group(plans)
+        for plan in plans:
             run = TrajectoryRun(plan, self.version, t)
             self.runs.append(run)
             self.live[run.plan.trajectory_id] = run

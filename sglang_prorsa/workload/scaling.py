@@ -7,7 +7,7 @@ the same ``PlanScale`` (``RolloutConfig.scale``) to predict that run, so "the sa
 copies that could drift apart.
 
 Beyond the plan itself, a scaled GRPO group shares one prompt (its first member's, as GRPO samples a group from one
-prompt): ``apply(plan, first_prompt_tokens=...)`` takes it from the caller.
+prompt): ``apply_group``.
 """
 
 from __future__ import annotations
@@ -48,6 +48,11 @@ class PlanScale:
     def prompt_tokens(self, tokens: float) -> int:
         """A first prompt of ``tokens`` at the preset's scale, scaled and clipped."""
         return clip(tokens * self.token_scale, self.min_prompt, self.max_prompt)
+
+    def apply_group(self, plans: list[TrajectoryPlan]) -> list[TrajectoryPlan]:
+        """A GRPO group's plans, scaled, all with the first member's (scaled) prompt."""
+        shared = self.prompt_tokens(plans[0].first_prompt_tokens) if plans else 0
+        return [self.apply(p, first_prompt_tokens=shared) for p in plans]
 
     def apply(self, plan: TrajectoryPlan, first_prompt_tokens: int | None = None) -> TrajectoryPlan:
         """The scaled plan; ``first_prompt_tokens`` (already scaled) overrides the plan's own, e.g. a group's."""

@@ -32,9 +32,8 @@ SHUTDOWN_GRACE_S = 15.0  # requests still open this long after SIGTERM are cut (
 
 def instance_specs(config: ProrsaConfig, sglang_argv: list[str], log_dir: Path,
                    controller_url: str) -> list[InstanceSpec]:
-    from sglang_prorsa.srt.utils import processes
-
     from sglang_prorsa.srt.cpu_recipe import instance_threads
+    from sglang_prorsa.srt.utils import processes
 
     specs = []
     threads = instance_threads(config.prorsa_cpu_threads, config.instance_count)  # used by instances on CPU only

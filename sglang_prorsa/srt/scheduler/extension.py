@@ -161,7 +161,10 @@ class SchedulerSide:
     def _report_decoding(self) -> None:
         """Tell the engine side which requests joined the running (decode) batch since the last poll: their prefill
         is over. A prefill instance's running batch stays empty, so only the instance holding the caller reports."""
-        current = {r.rid for r in self.s.running_batch.reqs if not str(r.rid).startswith(HEALTH_CHECK_RID_PREFIX)}
+        reqs = self.s.running_batch.reqs
+        if not reqs and not self.decoding:  # every idle poll, and always on a prefill instance
+            return
+        current = {r.rid for r in reqs if not str(r.rid).startswith(HEALTH_CHECK_RID_PREFIX)}
         new = current - self.decoding
         self.decoding = current
         if new:
