@@ -35,6 +35,7 @@ from sglang_prorsa.srt.controller.router_pools import RouterPools
 from sglang_prorsa.srt.http_utils import coded_error, field_error, json_body
 from sglang_prorsa.srt.lifecycle_routes import make_router
 from sglang_prorsa.srt.forecast.config import PredictorConfig
+from sglang_prorsa.srt.front.asgi import GenerationFastPath
 from sglang_prorsa.srt.front.relay import Relay
 from sglang_prorsa.srt.lifecycle.control_plane import LifecycleControlPlane
 from sglang_prorsa.srt.messages import Code
@@ -192,6 +193,13 @@ def build_app(front: Front) -> FastAPI:
     mount_control_ops(app, front.ops)
     install_auth(app, front.keys)
     return app
+
+
+def serve_app(front: Front) -> Any:
+    """What the front's server runs: the app, with generation requests sent straight to the relay when no API keys
+    are configured (``front/asgi.py`` says why)."""
+    app = build_app(front)
+    return app if front.keys.enabled else GenerationFastPath(app, front.relay, GENERATION_PATHS)
 
 
 def _info_handler(front: Front, path: str):

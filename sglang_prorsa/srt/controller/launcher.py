@@ -101,7 +101,7 @@ def wait_all_ready(specs: list[InstanceSpec], started: dict, log_dir: Path) -> l
 def run_front(config: ProrsaConfig, sglang_argv: list[str], host: str, port: int, keys: AuthKeys = AuthKeys()) -> None:
     import uvicorn
 
-    from sglang_prorsa.srt.controller.app import Front, build_app
+    from sglang_prorsa.srt.controller.app import Front, serve_app
     from sglang_prorsa.srt.utils import processes
 
     # uvicorn re-raises SIGTERM after its graceful shutdown; as SystemExit, `finally` stops what this front started.
@@ -137,7 +137,7 @@ def run_front(config: ProrsaConfig, sglang_argv: list[str], host: str, port: int
                       specs={s.instance_id: s for s in specs}, keys=keys)
         # SIGTERM must stop the deployment: uvicorn otherwise waits, without end, for every open request (a soak's
         # front sat through two SIGTERMs with requests in flight); after the grace, the finally stops the instances.
-        uvicorn.run(build_app(front), host=host, port=port, log_level="warning", access_log=False,
+        uvicorn.run(serve_app(front), host=host, port=port, log_level="warning", access_log=False,
                     timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
     finally:
         # Instances restarted while serving replace the ones started first (Health.restart).
