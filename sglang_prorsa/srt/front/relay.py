@@ -45,7 +45,8 @@ class Relay:
         self.pd = pd
         self.affinity: OrderedDict[str, str] = OrderedDict()
         self._session: aiohttp.ClientSession | None = None
-        self.stats = {"requests": 0, "retried": 0, "failed": 0, "affinity_hits": 0, "streams_broken": 0}
+        self.stats = {"requests": 0, "retried": 0, "failed": 0, "affinity_hits": 0, "streams_broken": 0,
+                      "prefill_halves_failed": 0}
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -180,7 +181,13 @@ class Relay:
         try:
             async with await post_fresh(session, prefill.url + path, data=payload,
                                         headers={**headers, ROLE_HEADER: "prefill"}) as r:
-                await r.read()  # the decode half carries the answer; this one only has to be drained
+                body = await r.read()  # the decode half carries the answer; this one only has to be drained
+                if r.status != 200:
+                    # Abnormal (a half handed on answers 200): its decode half may now wait for KV that will not
+                    # come, until the orphan check or SGLang's transfer timeout. Said, so the wait can be traced.
+                    self.stats["prefill_halves_failed"] += 1
+                    logger.warning("prefill half on %s answered %d: %s", prefill.instance_id, r.status,
+                                   body[:300].decode(errors="replace"))
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             # Its decode half then waits for KV until SGLang's own timeout: worth a warning.
             logger.warning("prefill half on %s failed: %s", prefill.instance_id, e)

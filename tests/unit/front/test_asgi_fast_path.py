@@ -106,3 +106,44 @@ def test_a_relay_that_raises_answers_500_with_a_code():
     status, _, body = asyncio.run(call(entry, "POST", "/v1/chat/completions", b"{}"))
     assert status == 500 and json.loads(body)["code"] == "upstream"
     assert relay.stats["failed"] == 1
+
+
+def test_a_failed_prefill_half_is_counted_and_logged(caplog):
+    """A PD pair whose prefill half answers 500: the caller still gets the decode half's answer, and the front says
+    the prefill half failed (its decode half may wait for KV; issue 14's 300 s wait left nothing in the log)."""
+
+    async def generate(request: web.Request) -> web.Response:
+        if request.headers.get("X-Prorsa-Role") == "prefill":
+            return web.json_response({"error": "bootstrap failed"}, status=500)
+        return web.json_response({"text": "ok"})
+
+    async def scenario():
+        server = web.Application()
+        server.router.add_post("/generate", generate)
+        runner = web.AppRunner(server)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        registry = Registry()
+        registry.add(Instance("p0", f"http://127.0.0.1:{port}", "prefill", bootstrap_port=9, state=State.ACTIVE))
+        registry.add(Instance("d0", f"http://127.0.0.1:{port}", "decode", state=State.ACTIVE))
+        relay = Relay(registry, pd=True)
+        try:
+            answer = await call(GenerationFastPath(App(), relay, GENERATION_PATHS), "POST", "/generate",
+                                orjson.dumps({"input_ids": [1, 2]}))
+            for _ in range(100):  # the prefill half is drained in its own task
+                if relay.stats["prefill_halves_failed"]:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            await relay.close()
+            await runner.cleanup()
+        return answer, relay.stats
+
+    with caplog.at_level("WARNING", logger="sglang_prorsa.srt.front.relay"):
+        (status, headers, body), stats = asyncio.run(scenario())
+    assert status == 200 and json.loads(body) == {"text": "ok"} and headers[ROUTE_HEADER.lower()] == "p0/d0"
+    assert stats["prefill_halves_failed"] == 1
+    assert any("prefill half on p0 answered 500" in r.getMessage() and "bootstrap failed" in r.getMessage()
+               for r in caplog.records)
