@@ -6,8 +6,9 @@ hand structured records (tokens, sampling parameters, store keys) to the engine 
 - control (REQ/REP): the engine sends one typed message from ``srt/messages.py`` at a time; the scheduler answers
   between two forward passes, from inside its event loop, so it never races the model;
 - records (PUSH/PULL): the scheduler pushes a ``MigratedRequest`` for each request it takes off the instance
-  *before* it aborts it, so the record is always waiting by the time the abort reaches the engine side; and a
-  ``Decoding`` note when requests start decoding (the lifecycle's prefill_end).
+  *before* it aborts it; and a ``Decoding`` note when requests start decoding (the lifecycle's prefill_end). Two
+  sockets are not ordered with each other nor with SGLang's: an abort can reach the engine side before its record
+  (0.1 s before, seen on a loaded machine), so the engine side waits for it (``hooks._late_record``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Records of the requests the scheduler took off this instance, by rid, until their resume claims them.
 
-The scheduler pushes a record *before* it aborts the request (``srt/channel.py``), so by the time the abort reaches
-the tokenizer manager the record is here or waiting in the channel; ``claim`` drains the channel before it answers.
+The scheduler pushes a record *before* it aborts the request (``srt/channel.py``), usually here or waiting in the
+channel by the time the abort reaches the tokenizer manager; ``claim`` drains the channel before it answers, and a
+record still on its way is waited for by the caller (``hooks._late_record``).
 Unclaimed records (a request whose caller went away) expire, so the book stays bounded.
 """
 

@@ -11,16 +11,22 @@ and the caller gets the stitched outputs instead of the abort (``EngineSide.resu
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
+import time
 from typing import Any
 
 from sglang_prorsa.srt.engine.continuation import aborted_output
 from sglang_prorsa.srt.engine.side import EngineSide, forwarded_headers, keep_prompt_ids
+from sglang_prorsa.srt.engine.stitch import continuation_spans
 from sglang_prorsa.srt.lifecycle.events import MAX_ID_CHARS
-from sglang_prorsa.srt.messages import RESUME_HEADER, ROLE_HEADER, Code, QueuedItem, Stage
+from sglang_prorsa.srt.messages import RESUME_HEADER, ROLE_HEADER, Code, MigratedRequest, QueuedItem, Stage
 
 logger = logging.getLogger(__name__)
+
+# How long a request our scheduler aborted waits for its record (pushed first, on its own socket; see _late_record).
+RECORD_WAIT_S = 5.0
 
 ENGINE: EngineSide | None = None  # set once per instance process by srt/engine/server.py
 
@@ -209,7 +215,12 @@ def wrap_stream_one_response(original):
             async for out in original(self, obj, state, request):
                 if state.finished and _is_final_abort(out):
                     record = side.book.claim(obj.rid)
-                    if record is None and _server_error(out) and _lost_transfer(side, obj, ids, aborts_at_entry):
+                    lost = _server_error(out) and _lost_transfer(side, obj, ids, aborts_at_entry)
+                    if record is None and (_ours(out) or lost):
+                        record = await _late_record(side, obj.rid)
+                    if record is None and _ours(out) and side.role != "prefill":
+                        record = await _record_from_state(side, obj, state, out)
+                    if record is None and lost:
                         record = await _restart_lost(side, obj)  # a stream gets SGLang's abort as an output
                     record = _hand_back_if_queued(side, request, record)
                     if record is not None:
@@ -218,8 +229,8 @@ def wrap_stream_one_response(original):
                                                              forwarded_headers(request)):
                                 yield deliver(resumed, _finished(resumed))
                         break  # this abort was the last output of the scheduler's request
-                    if _ours(out):
-                        logger.error("request %s was taken off without a record; answering its abort", obj.rid)
+                    if _ours(out):  # a prefill half: answered as handed on (its decode half holds the caller)
+                        logger.error("prefill half %s was taken off without a record; answered as handed on", obj.rid)
                 if first and tid:
                     side.events.prefilled(obj.rid)  # unless the scheduler's Decoding note came first
                     first = False
@@ -231,7 +242,8 @@ def wrap_stream_one_response(original):
                 raise
             record = side.book.claim(obj.rid)
             if record is None and _lost_transfer(side, obj, ids, aborts_at_entry):
-                record = await _restart_lost(side, obj)  # a non-streamed request gets SGLang's abort raised
+                # a non-streamed request gets SGLang's abort raised
+                record = await _late_record(side, obj.rid) or await _restart_lost(side, obj)
             record = _hand_back_if_queued(side, request, record)
             if record is None:
                 if side.user_aborts == aborts_at_entry or ids:
@@ -282,6 +294,39 @@ def _hand_back_if_queued(side: EngineSide, request: Any, record: Any) -> Any:
         side.counters["continuations_handed_back"] += 1
         raise HandedBack(f"prorsa: continuation {record.rid} handed back to its holder ({Code.HANDED_ON.value})")
     return record
+
+
+async def _late_record(side: EngineSide, rid: str) -> MigratedRequest | None:
+    """The record of a request our scheduler took off, waited for when its abort came first.
+
+    The scheduler pushes the record before it aborts, but on its own socket: the abort reaches this process on
+    SGLang's, and the two are not ordered. On a loaded machine the record was seen 0.1 s behind its abort; answering
+    the abort meanwhile handed a caller a truncated output with status 200 (a CI run of the fast-switch test)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < RECORD_WAIT_S:
+        await asyncio.sleep(0.005)
+        record = side.book.claim(rid)
+        if record is not None:
+            side.counters["records_late"] += 1
+            logger.info("the record of %s came %.3f s after its abort", rid, time.monotonic() - t0)
+            return record
+    return None
+
+
+async def _record_from_state(side: EngineSide, obj: Any, state: Any, out: dict) -> MigratedRequest:
+    """A request our scheduler took off whose record never came: continued from the tokens this tokenizer manager
+    holds, its KV computed again (counted), rather than answered with what it had."""
+    produced = list(getattr(state, "output_ids", None) or (out.get("output_ids") or []))
+    side.counters["records_missing_continued"] += 1
+    logger.error("request %s was taken off without a record; continuing it from its %d tokens (KV recomputed)",
+                 obj.rid, len(produced))
+    meta = out.get("meta_info") or {}
+    return MigratedRequest(rid=obj.rid, role=side.role, stage=Stage.RUNNING if produced else Stage.QUEUED,
+                           input_ids=await side.prompt_ids(obj), output_ids=produced, sampling_params={},
+                           bootstrap_room=getattr(obj, "bootstrap_room", None),
+                           bootstrap_host=getattr(obj, "bootstrap_host", None),
+                           bootstrap_port=getattr(obj, "bootstrap_port", None),
+                           weight_versions=continuation_spans(meta, len(produced)))
 
 
 def _lost_transfer(side: EngineSide, obj: Any, ids: int, aborts_at_entry: int) -> bool:

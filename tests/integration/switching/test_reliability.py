@@ -85,9 +85,12 @@ def test_nothing_is_lost_at_a_fast_switch_rate(deployment):
     assert sum(r["taken"] for r in reports) >= 10  # the switches did move requests
     moves = 0
     restarts = []  # moves from the prompt (no KV persisted): (prompt tokens, of them found cached where it went)
-    for (_, r), (s, out), prompt in zip(ref, got, prompts):
+    for i, ((_, r), (s, out), prompt) in enumerate(zip(ref, got, prompts)):
         assert s == 200, out
-        assert out["output_ids"] == r["output_ids"]
+        meta = out["meta_info"]
+        # On a mismatch, say how this request ended and where it went (a CI failure leaves nothing else).
+        assert out["output_ids"] == r["output_ids"], (i, len(out["output_ids"]), len(r["output_ids"]),
+                                                      meta.get("finish_reason"), out.get("route"), meta.get("prorsa"))
         assert max_logprob_gap(out, r) <= LOGPROB_TOL
         migrations = out["meta_info"].get("prorsa", {}).get("migrations", [])
         moves += len(migrations)

@@ -12,6 +12,7 @@ from aiohttp import web
 from sglang_prorsa.srt.controller.control_ops import OPS, ControlOps
 from sglang_prorsa.srt.controller.registry import Instance, Registry, State
 from sglang_prorsa.srt.front.relay import Relay
+from unit_support import loopback_upstream
 
 
 def test_the_query_string_reaches_every_instance_and_a_refusal_keeps_its_status():
@@ -25,26 +26,19 @@ def test_the_query_string_reaches_every_instance_and_a_refusal_keeps_its_status(
         return web.Response(text="Cache flushed.\n")
 
     async def scenario() -> tuple[int, dict, int]:
-        app = web.Application()
-        app.router.add_route("*", "/{iid}/flush_cache", answer)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        registry = Registry()
-        for iid in ("a", "b"):
-            registry.add(Instance(iid, f"http://127.0.0.1:{port}/{iid}", "decode", state=State.ACTIVE))
-        relay = Relay(registry, pd=True)
-        front = SimpleNamespace(registry=registry, relay=relay, control_plane=SimpleNamespace(engine=None),
-                                orchestrator=SimpleNamespace(lock=asyncio.Lock(), held_by=None))
-        ops = ControlOps(front)
-        try:
-            ok = await ops.run(flush, "POST", b"", {}, "timeout=30")
-            bad = await ops.run(flush, "POST", b"", {}, "timeout=-1")
-        finally:
-            await relay.close()
-            await runner.cleanup()
+        async with loopback_upstream([("*", "/{iid}/flush_cache", answer)]) as url:
+            registry = Registry()
+            for iid in ("a", "b"):
+                registry.add(Instance(iid, f"{url}/{iid}", "decode", state=State.ACTIVE))
+            relay = Relay(registry, pd=True)
+            front = SimpleNamespace(registry=registry, relay=relay, control_plane=SimpleNamespace(engine=None),
+                                    orchestrator=SimpleNamespace(lock=asyncio.Lock(), held_by=None))
+            ops = ControlOps(front)
+            try:
+                ok = await ops.run(flush, "POST", b"", {}, "timeout=30")
+                bad = await ops.run(flush, "POST", b"", {}, "timeout=-1")
+            finally:
+                await relay.close()
         return ok.status_code, json.loads(ok.body), bad.status_code
 
     ok_status, ok_body, bad_status = asyncio.run(scenario())

@@ -15,6 +15,7 @@ from sglang_prorsa.srt.controller.registry import Instance, Registry, State
 from sglang_prorsa.srt.front.asgi import GenerationFastPath
 from sglang_prorsa.srt.front.relay import Relay
 from sglang_prorsa.srt.messages import ROUTE_HEADER
+from unit_support import loopback_upstream
 
 
 async def call(app, method: str, path: str, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
@@ -64,26 +65,19 @@ def test_generation_goes_to_the_relay_and_everything_else_to_the_app():
         return web.json_response({"text": "ok", "output_ids": [7]})
 
     async def scenario():
-        server = web.Application()
-        server.router.add_post("/generate", generate)
-        runner = web.AppRunner(server)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        registry = Registry()
-        registry.add(Instance("c0", f"http://127.0.0.1:{port}", "null", state=State.ACTIVE))
-        relay = Relay(registry, pd=False)
-        app = App()
-        entry = GenerationFastPath(app, relay, GENERATION_PATHS)
-        try:
-            relayed = await call(entry, "POST", "/generate", orjson.dumps({"input_ids": [1, 2, 3]}))
-            malformed = await call(entry, "POST", "/generate", b"{not json")
-            got = await call(entry, "GET", "/generate")
-            other = await call(entry, "POST", "/prorsa/switch", b"{}")
-        finally:
-            await relay.close()
-            await runner.cleanup()
+        async with loopback_upstream([("POST", "/generate", generate)]) as url:
+            registry = Registry()
+            registry.add(Instance("c0", url, "null", state=State.ACTIVE))
+            relay = Relay(registry, pd=False)
+            app = App()
+            entry = GenerationFastPath(app, relay, GENERATION_PATHS)
+            try:
+                relayed = await call(entry, "POST", "/generate", orjson.dumps({"input_ids": [1, 2, 3]}))
+                malformed = await call(entry, "POST", "/generate", b"{not json")
+                got = await call(entry, "GET", "/generate")
+                other = await call(entry, "POST", "/prorsa/switch", b"{}")
+            finally:
+                await relay.close()
         return relayed, malformed, got, other, app.seen, relay.stats
 
     relayed, malformed, got, other, seen, stats = asyncio.run(scenario())
@@ -118,27 +112,20 @@ def test_a_failed_prefill_half_is_counted_and_logged(caplog):
         return web.json_response({"text": "ok"})
 
     async def scenario():
-        server = web.Application()
-        server.router.add_post("/generate", generate)
-        runner = web.AppRunner(server)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        registry = Registry()
-        registry.add(Instance("p0", f"http://127.0.0.1:{port}", "prefill", bootstrap_port=9, state=State.ACTIVE))
-        registry.add(Instance("d0", f"http://127.0.0.1:{port}", "decode", state=State.ACTIVE))
-        relay = Relay(registry, pd=True)
-        try:
-            answer = await call(GenerationFastPath(App(), relay, GENERATION_PATHS), "POST", "/generate",
-                                orjson.dumps({"input_ids": [1, 2]}))
-            for _ in range(100):  # the prefill half is drained in its own task
-                if relay.stats["prefill_halves_failed"]:
-                    break
-                await asyncio.sleep(0.01)
-        finally:
-            await relay.close()
-            await runner.cleanup()
+        async with loopback_upstream([("POST", "/generate", generate)]) as url:
+            registry = Registry()
+            registry.add(Instance("p0", url, "prefill", bootstrap_port=9, state=State.ACTIVE))
+            registry.add(Instance("d0", url, "decode", state=State.ACTIVE))
+            relay = Relay(registry, pd=True)
+            try:
+                answer = await call(GenerationFastPath(App(), relay, GENERATION_PATHS), "POST", "/generate",
+                                    orjson.dumps({"input_ids": [1, 2]}))
+                for _ in range(100):  # the prefill half is drained in its own task
+                    if relay.stats["prefill_halves_failed"]:
+                        break
+                    await asyncio.sleep(0.01)
+            finally:
+                await relay.close()
         return answer, relay.stats
 
     with caplog.at_level("WARNING", logger="sglang_prorsa.srt.front.relay"):
