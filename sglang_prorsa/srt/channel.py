@@ -8,7 +8,7 @@ hand structured records (tokens, sampling parameters, store keys) to the engine 
 - records (PUSH/PULL): the scheduler pushes a ``MigratedRequest`` for each request it takes off the instance
   *before* it aborts it; and a ``Decoding`` note when requests start decoding (the lifecycle's prefill_end). Two
   sockets are not ordered with each other nor with SGLang's: an abort can reach the engine side before its record
-  (0.1 s before, seen on a loaded machine), so the engine side waits for it (``hooks._late_record``).
+  (0.1 s before, seen on a loaded machine), so the engine side waits for it (``aborts.late_record``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The scheduler pushes a record *before* it aborts the request (``srt/channel.py``), usually here or waiting in the
 channel by the time the abort reaches the tokenizer manager; ``claim`` drains the channel before it answers, and a
-record still on its way is waited for by the caller (``hooks._late_record``).
+record still on its way is waited for by the caller (``aborts.late_record``).
 Unclaimed records (a request whose caller went away) expire, so the book stays bounded.
 """
 

@@ -5,28 +5,25 @@ through unchanged unless this instance will not serve the request (a switch is r
 request names the other role): then it is handed on at arrival.
 
 ``_stream_one_response`` (one request's outputs, streamed or not, single or batch) passes outputs through until
-the request ends with an abort for which the scheduler pushed a record: then the request is continued elsewhere
-and the caller gets the stitched outputs instead of the abort (``EngineSide.resume``).
+the request ends with an abort that a record continues (``aborts.py``: the scheduler took it off, or SGLang lost its
+KV transfer): then the request is continued elsewhere and the caller gets the stitched outputs instead of the abort
+(``EngineSide.resume``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import logging
-import time
 from typing import Any
 
+from sglang_prorsa.srt.engine import aborts
+from sglang_prorsa.srt.engine.aborts import HandedBack
 from sglang_prorsa.srt.engine.continuation import aborted_output
 from sglang_prorsa.srt.engine.side import EngineSide, forwarded_headers, keep_prompt_ids
-from sglang_prorsa.srt.engine.stitch import continuation_spans
 from sglang_prorsa.srt.lifecycle.events import MAX_ID_CHARS
-from sglang_prorsa.srt.messages import RESUME_HEADER, ROLE_HEADER, Code, MigratedRequest, QueuedItem, Stage
+from sglang_prorsa.srt.messages import RESUME_HEADER, ROLE_HEADER
 
 logger = logging.getLogger(__name__)
-
-# How long a request our scheduler aborted waits for its record (pushed first, on its own socket; see _late_record).
-RECORD_WAIT_S = 5.0
 
 ENGINE: EngineSide | None = None  # set once per instance process by srt/engine/server.py
 
@@ -164,16 +161,6 @@ def trajectory_of(request: Any) -> str | None:
     return None
 
 
-def _is_final_abort(out: dict) -> bool:
-    reason = (out.get("meta_info") or {}).get("finish_reason")
-    return isinstance(reason, dict) and reason.get("type") == "abort"
-
-
-def _ours(out: dict) -> bool:
-    reason = (out.get("meta_info") or {}).get("finish_reason") or {}
-    return reason.get("err_type") in (Code.MIGRATED.value, Code.HANDED_ON.value)
-
-
 def wrap_stream_one_response(original):
     async def _stream_one_response(self, obj, state, request=None):
         side = ENGINE
@@ -213,24 +200,14 @@ def wrap_stream_one_response(original):
 
         try:
             async for out in original(self, obj, state, request):
-                if state.finished and _is_final_abort(out):
-                    record = side.book.claim(obj.rid)
-                    lost = _server_error(out) and _lost_transfer(side, obj, ids, aborts_at_entry)
-                    if record is None and (_ours(out) or lost):
-                        record = await _late_record(side, obj.rid)
-                    if record is None and _ours(out) and side.role != "prefill":
-                        record = await _record_from_state(side, obj, state, out)
-                    if record is None and lost:
-                        record = await _restart_lost(side, obj)  # a stream gets SGLang's abort as an output
-                    record = _hand_back_if_queued(side, request, record)
+                if state.finished and aborts.is_final_abort(out):
+                    record = await aborts.record_for_output(side, obj, state, out, request, ids, aborts_at_entry)
                     if record is not None:
                         async with _model_lock_released(self):
                             async for resumed in side.resume(obj, state, record, out, (ids, text),
                                                              forwarded_headers(request)):
                                 yield deliver(resumed, _finished(resumed))
                         break  # this abort was the last output of the scheduler's request
-                    if _ours(out):  # a prefill half: answered as handed on (its decode half holds the caller)
-                        logger.error("prefill half %s was taken off without a record; answered as handed on", obj.rid)
                 if first and tid:
                     side.events.prefilled(obj.rid)  # unless the scheduler's Decoding note came first
                     first = False
@@ -238,13 +215,9 @@ def wrap_stream_one_response(original):
         except HandedBack:
             raise  # ours, for the holder of this continuation: not an abort of SGLang's to continue from
         except Exception as e:  # SGLang raises for aborts that carry an HTTP status (a failed KV transfer, ...)
-            if not _is_abort_exception(e, state):
+            if not aborts.is_abort_exception(e, state):
                 raise
-            record = side.book.claim(obj.rid)
-            if record is None and _lost_transfer(side, obj, ids, aborts_at_entry):
-                # a non-streamed request gets SGLang's abort raised
-                record = await _late_record(side, obj.rid) or await _restart_lost(side, obj)
-            record = _hand_back_if_queued(side, request, record)
+            record = await aborts.record_for_raise(side, obj, request, ids, aborts_at_entry)
             if record is None:
                 if side.user_aborts == aborts_at_entry or ids:
                     raise
@@ -280,90 +253,6 @@ class _model_lock_released:
     async def __aexit__(self, *exc: Any) -> None:
         async with self.lock._lock:  # sglang.srt.utils.aio_rwlock.RWLock internals, checked at start-up
             self.lock._readers += 1
-
-
-class HandedBack(ValueError):
-    """A continuation's half moved before it started here: its holder (which knows the persisted KV) picks a new pair.
-    A ValueError, so SGLang's route answers it as an error (an error event in a stream), which the holder retries."""
-
-
-def _hand_back_if_queued(side: EngineSide, request: Any, record: Any) -> Any:
-    """A continuation (sent by the instance holding its caller) that was taken off here before it began is not
-    continued by this instance from its tokens: that would recompute a prefix its holder can load from the KV store."""
-    if record is not None and record.stage is Stage.QUEUED and _header(request, RESUME_HEADER) is not None:
-        side.counters["continuations_handed_back"] += 1
-        raise HandedBack(f"prorsa: continuation {record.rid} handed back to its holder ({Code.HANDED_ON.value})")
-    return record
-
-
-async def _late_record(side: EngineSide, rid: str) -> MigratedRequest | None:
-    """The record of a request our scheduler took off, waited for when its abort came first.
-
-    The scheduler pushes the record before it aborts, but on its own socket: the abort reaches this process on
-    SGLang's, and the two are not ordered. On a loaded machine the record was seen 0.1 s behind its abort; answering
-    the abort meanwhile handed a caller a truncated output with status 200 (a CI run of the fast-switch test)."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < RECORD_WAIT_S:
-        await asyncio.sleep(0.005)
-        record = side.book.claim(rid)
-        if record is not None:
-            side.counters["records_late"] += 1
-            logger.info("the record of %s came %.3f s after its abort", rid, time.monotonic() - t0)
-            return record
-    return None
-
-
-async def _record_from_state(side: EngineSide, obj: Any, state: Any, out: dict) -> MigratedRequest:
-    """A request our scheduler took off whose record never came: continued from the tokens this tokenizer manager
-    holds, its KV computed again (counted), rather than answered with what it had."""
-    produced = list(getattr(state, "output_ids", None) or (out.get("output_ids") or []))
-    side.counters["records_missing_continued"] += 1
-    logger.error("request %s was taken off without a record; continuing it from its %d tokens (KV recomputed)",
-                 obj.rid, len(produced))
-    meta = out.get("meta_info") or {}
-    return MigratedRequest(rid=obj.rid, role=side.role, stage=Stage.RUNNING if produced else Stage.QUEUED,
-                           input_ids=await side.prompt_ids(obj), output_ids=produced, sampling_params={},
-                           bootstrap_room=getattr(obj, "bootstrap_room", None),
-                           bootstrap_host=getattr(obj, "bootstrap_host", None),
-                           bootstrap_port=getattr(obj, "bootstrap_port", None),
-                           weight_versions=continuation_spans(meta, len(produced)))
-
-
-def _lost_transfer(side: EngineSide, obj: Any, ids: int, aborts_at_entry: int) -> bool:
-    """A decode half whose KV transfer SGLang failed (its heartbeat declared the prefill instance lost -- on a loaded
-    machine also a live one that answered late) before our watchdog or peer_lost took it off, not by a trainer's
-    abort, with nothing delivered: it starts again elsewhere from its prompt."""
-    return (not ids and side.user_aborts == aborts_at_entry and side.role == "decode"
-            and getattr(obj, "bootstrap_room", None) is not None)
-
-
-async def _restart_lost(side: EngineSide, obj: Any) -> Any:
-    """The record that restarts a decode half whose transfer was lost from its prompt (counted, with its prompt
-    tokens: the prefill instance may have computed them already). Its prefill half is released, so a live prefill
-    instance ends it and keeps its prompt in the prefix cache; the restart prefers that instance (``Continuation``),
-    where it then recomputes little or nothing."""
-    record = await side.queued_record(obj)
-    side.counters["transfers_failed_continued"] += 1
-    side.counters["transfers_failed_prompt_tokens"] += len(record.input_ids)
-    if record.bootstrap_room is not None:
-        await side.release_prefill_halves([QueuedItem(obj.rid, record.bootstrap_room, record.bootstrap_host,
-                                                      record.bootstrap_port)], only_not_started=False)
-    return record
-
-
-def _server_error(out: dict) -> bool:
-    """SGLang's abort with a 5xx status (a failed KV transfer), not a client's or a trainer's abort."""
-    status = ((out.get("meta_info") or {}).get("finish_reason") or {}).get("status_code")
-    return isinstance(status, int) and status >= 500
-
-
-def _is_abort_exception(e: BaseException, state: Any) -> bool:
-    """SGLang's raise for a finished request whose abort carries an HTTP status (``_handle_abort_finish_reason``:
-    ValueError for 400, HTTPException otherwise). Any other error -- a client disconnect (the request unfinished),
-    a validation error -- is not an abort to continue from."""
-    import fastapi
-
-    return bool(state.finished) and isinstance(e, (fastapi.HTTPException, ValueError))
 
 
 def _finished(out: dict) -> bool:

@@ -271,7 +271,7 @@ class EngineSide:
             await self.release_prefill_halves([QueuedItem(obj.rid, room, obj.bootstrap_host, obj.bootstrap_port)],
                                               only_not_started=False)
         if request is not None and request.headers.get(RESUME_HEADER) is not None:
-            # A continuation: its holder knows the persisted KV and retries elsewhere, loading it (hooks.HandedBack).
+            # A continuation: its holder knows the persisted KV and retries elsewhere, loading it (aborts.HandedBack).
             self.counters["continuations_handed_back"] += 1
             raise ValueError(f"prorsa: continuation {obj.rid} handed back to its holder ({Code.HANDED_ON.value})")
         record = MigratedRequest(rid=obj.rid, role="decode", stage=Stage.QUEUED, input_ids=input_ids,

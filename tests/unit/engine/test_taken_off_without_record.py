@@ -1,4 +1,5 @@
-"""A request our scheduler took off is continued, never answered truncated (srt/engine/hooks.py, continuation.py).
+"""A request our scheduler took off is continued, never answered truncated (srt/engine/aborts.py, hooks.py,
+continuation.py).
 
 A CI run of the fast-switch test got one answer with status 200 and 27 of its 48 tokens: the only path that answers
 a taken-off request with what it had is our own abort passed on as the final output. Two places guard it now: the
@@ -13,8 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from sglang_prorsa.srt.engine import aborts, hooks
 from sglang_prorsa.srt.engine import continuation as cont
-from sglang_prorsa.srt.engine import hooks
 from sglang_prorsa.srt.engine.book import RecordBook
 from sglang_prorsa.srt.engine.peers import Peer
 from sglang_prorsa.srt.engine.stitch import Kept, Shape, Stitcher
@@ -123,27 +124,27 @@ def test_a_late_record_is_waited_for():
 
     async def go():
         asyncio.get_running_loop().call_later(0.1, side.book.put, late)
-        return await hooks._late_record(side, "r1")
+        return await aborts.late_record(side, "r1")
 
     assert asyncio.run(go()) is late
     assert side.counters["records_late"] == 1 and len(side.book) == 0
 
 
 def test_a_record_that_never_comes_is_given_up_after_the_wait(monkeypatch):
-    monkeypatch.setattr(hooks, "RECORD_WAIT_S", 0.03)
+    monkeypatch.setattr(aborts, "RECORD_WAIT_S", 0.03)
     side = HolderSide("prefill")
-    assert asyncio.run(hooks._late_record(side, "r1")) is None and side.counters["records_late"] == 0
+    assert asyncio.run(aborts.late_record(side, "r1")) is None and side.counters["records_late"] == 0
 
 
 def test_a_missing_record_continues_from_the_tokens_held():
     side = HolderSide("decode")
     obj, state, out = request()
-    record = asyncio.run(hooks._record_from_state(side, obj, state, out))
+    record = asyncio.run(aborts.record_from_state(side, obj, state, out))
     assert record.stage is Stage.RUNNING and record.kv_tokens == 0  # recomputed, not loaded
     assert record.input_ids == [5, 6, 7] and record.output_ids == [1, 2, 3]
     assert record.weight_versions == [("v1", 0, 3)] and record.bootstrap_room == 11
     assert side.counters["records_missing_continued"] == 1
-    nothing_yet = asyncio.run(hooks._record_from_state(side, obj, SimpleNamespace(output_ids=[]),
+    nothing_yet = asyncio.run(aborts.record_from_state(side, obj, SimpleNamespace(output_ids=[]),
                                                        {"output_ids": [], "meta_info": {}}))
     assert nothing_yet.stage is Stage.QUEUED and nothing_yet.output_ids == []  # a continuation: handed back
 
@@ -201,7 +202,7 @@ def test_the_caller_gets_the_continuation_when_the_record_is_late(monkeypatch):
 
 
 def test_the_caller_gets_the_continuation_when_the_record_never_comes(monkeypatch):
-    monkeypatch.setattr(hooks, "RECORD_WAIT_S", 0.05)
+    monkeypatch.setattr(aborts, "RECORD_WAIT_S", 0.05)
     side = WrappedSide("decode")
     outs = answers(monkeypatch, side, record_after_s=None)
     assert [o["output_ids"] for o in outs] == [[1, 2, 3, 4, 5]]
@@ -209,7 +210,7 @@ def test_the_caller_gets_the_continuation_when_the_record_never_comes(monkeypatc
 
 
 def test_a_prefill_half_without_record_is_answered(monkeypatch):
-    monkeypatch.setattr(hooks, "RECORD_WAIT_S", 0.05)
+    monkeypatch.setattr(aborts, "RECORD_WAIT_S", 0.05)
     side = WrappedSide("prefill")
     outs = answers(monkeypatch, side, record_after_s=None)
     assert len(outs) == 1 and outs[0]["meta_info"]["finish_reason"]["err_type"] == Code.MIGRATED.value
