@@ -27,6 +27,7 @@ from typing import Any, AsyncIterator
 import aiohttp
 import orjson
 
+from sglang_prorsa.srt.engine import aborts
 from sglang_prorsa.srt.engine.peers import NoPair, Peer
 from sglang_prorsa.srt.engine.stitch import Kept, Stitcher
 from sglang_prorsa.srt.messages import RESUME_HEADER, ROLE_HEADER, Code, MigratedRequest
@@ -160,7 +161,9 @@ class Continuation:
                     if "error" in chunk:
                         raise ResumeFailed(f"decode {decode.instance_id}: {chunk['error']}")
                     meta = chunk.get("meta_info") or {}
-                    if _taken_off(meta):  # its instance answered our own abort: not an end, a move to retry
+                    # Our own abort, which the instance holding it continues and never passes on: not an end but
+                    # a move to retry (a trainer's abort carries no such code and ends the request).
+                    if aborts.is_final_abort(chunk) and aborts.ours(chunk):
                         raise ResumeFailed(f"decode {decode.instance_id} took the continuation off without "
                                            "continuing it")
                     if "cached_tokens" not in move:  # how much of the resumed prompt was not computed again
@@ -193,14 +196,6 @@ class Continuation:
 
     def _headers(self, role: str) -> dict[str, str]:
         return {**self.headers, ROLE_HEADER: role, RESUME_HEADER: "1", "Content-Type": "application/json"}
-
-
-def _taken_off(meta: dict[str, Any]) -> bool:
-    """Our own abort (a switch took the request off), which the instance holding it continues and never passes on;
-    a trainer's abort carries no such code and ends the request."""
-    reason = meta.get("finish_reason")
-    return isinstance(reason, dict) and reason.get("type") == "abort" and reason.get("err_type") in (
-        Code.MIGRATED.value, Code.HANDED_ON.value)
 
 
 async def _settle(task: asyncio.Future) -> None:
