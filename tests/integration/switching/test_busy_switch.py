@@ -40,6 +40,10 @@ pytestmark = pytest.mark.integration
 DECODE_PROMPTS = distinct_prompts(32, lambda i: 24 + 3 * i, seed=1)
 PREFILL_PROMPTS = distinct_prompts(12, lambda i: 400 + i, seed=2)  # long: a queue builds on the prefill instances
 _references: dict[tuple, list] = {}
+# Four requests on a decode instance finish 160 tokens about 4 s after they are sent on this CPU; the switch reaches
+# the instance up to ~3 s later (status polls under load, settle, the controller's pool round trips), so a run once
+# found them all finished and tested nothing (CI: taken 0, "assert 0 >= 1"). 400 tokens leave a margin of seconds.
+LONG_DECODE = 400
 
 
 def reference(front, prompts, max_new) -> list:
@@ -151,12 +155,13 @@ def test_stream_continues_across_the_switch(deployment):
     front = deployment
     arrange(front, prefill=2, decode=2)
     prompts = distinct_prompts(8, lambda i: 30 + 5 * i, seed=4)
-    max_new = 160
+    max_new = LONG_DECODE
     ref = reference(front, prompts, max_new)
     sw, streams, _ = switch_under_load(front.url, lambda p: generate_stream(front.url, p, max_new), prompts,
                                        lambda: busiest(front.url, "decode"), "prefill",
-                                       ready=lambda st: st["running"] >= 3, settle_s=0.5)
+                                       ready=lambda st: st["running"] >= 3, settle_s=0.3)
     assert sw.status_code == 200, sw.text
+    assert sw.json()["taken"] >= 3, sw.json()  # the switch came while they ran: otherwise nothing here is tested
     moved = 0
     for r, chunks in zip(ref, streams):
         last = chunks[-1]
@@ -175,15 +180,16 @@ def test_openai_chat_is_resumed_not_restarted(deployment):
 
     def chat(m):
         r = requests.post(front.url + "/v1/chat/completions", timeout=900, json={
-            "model": "m", "messages": m, "max_tokens": 160, "temperature": 0, "logprobs": True})
+            "model": "m", "messages": m, "max_tokens": LONG_DECODE, "temperature": 0, "logprobs": True})
         return r.status_code, r.json()
 
     ref = run_all(chat, messages)
     resumed_before = engine_counter(front, "resumed")
     restarted_before = engine_counter(front, "restarted")
     sw, got, before = switch_under_load(front.url, chat, messages, lambda: busiest(front.url, "decode"), "prefill",
-                                        ready=lambda st: st["running"] >= 3, settle_s=0.5)
+                                        ready=lambda st: st["running"] >= 3, settle_s=0.3)
     assert sw.status_code == 200, sw.text
+    assert sw.json()["taken"] >= 3, sw.json()
     for (_, a), (s, b) in zip(ref, got):
         assert s == 200, b
         assert b["choices"][0]["message"]["content"] == a["choices"][0]["message"]["content"]
