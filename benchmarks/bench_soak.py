@@ -81,6 +81,10 @@ def run(url: str, jobs, concurrency: int, desc: str, top_logprobs: int = 0) -> l
 
 
 WASTE_COUNTERS = ("prompt_tokens_discarded", "resume_prompt_tokens_computed")
+# How often each safety net of the resume path caught something (instance engine counters): a late record waited
+# for, a missing one continued from held tokens, an orphaned half continued or answered, a pair waiting on itself.
+SAFETY_COUNTERS = ("records_late", "records_missing_continued", "orphans_continued", "orphans_handed_on",
+                   "stuck_pairs_continued", "resume_attempts_failed")
 
 
 def computed(url: str, counter: str = "prompt_tokens_computed", side: str = "counters") -> int:
@@ -179,6 +183,7 @@ def main() -> None:
         before = computed(url)
         waste_before = {k: computed(url, k) for k in WASTE_COUNTERS}
         lost_before = computed(url, "transfers_failed_prompt_tokens", "engine_counters")
+        safety_before = {k: computed(url, k, "engine_counters") for k in SAFETY_COUNTERS}
         stop = threading.Event()
         # A switch takes ~1-2 s here and the switched run is slower than the reference: aim for well over
         # ``--switches`` in the reference's wall time so the run reaches them before its requests run out.
@@ -196,6 +201,7 @@ def main() -> None:
         # Prompts of requests whose KV transfer SGLang failed (its heartbeat, on saturated cores), restarted.
         waste["transfers_failed_prompt_tokens"] = (computed(url, "transfers_failed_prompt_tokens", "engine_counters")
                                                    - lost_before)
+        safety = {k: computed(url, k, "engine_counters") - safety_before[k] for k in SAFETY_COUNTERS}
     finally:
         front.stop()
     # The raw answers first: an analysis that fails must not cost the run (a 40-minute soak was lost that way).
@@ -239,6 +245,7 @@ def main() -> None:
         # Where extra prompt tokens went: prefill work thrown away when a request was taken off mid-prefill, and
         # what resumed requests still computed (one page each when their KV loaded whole).
         **waste,
+        "safety_nets": safety,
         "switch_kinds": {k: sum(s["kind"] == k for s in switches) for k in
                          ("decode", "prefill", "back-to-back", "just-received")},
     }

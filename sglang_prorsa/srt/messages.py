@@ -173,6 +173,9 @@ class QueuedItem:
     bootstrap_port: int | None
     input_ids: tuple[int, ...] = ()
     waited_s: float = 0.0  # how long it has been queued here (first seen by our extension)
+    # Where it waits. Prefill: "bootstrapping" (for its decode half's handshake) or "waiting" (for compute); decode:
+    # "prealloc" (handshake, KV allocation) or "transfer" (its KV indices sent, waiting for the KV).
+    stage: str = ""
 
 
 @dataclass

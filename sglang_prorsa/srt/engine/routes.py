@@ -7,7 +7,9 @@
                                                          off (a prefill instance may keep those it began)
     POST /prorsa/expect {"rooms": [int]}                 the other halves are about to move: book records for ours
     POST /prorsa/peer_lost {"bootstrap_host", "bootstrap_port"}   a prefill instance died: continue what waited on it
-    POST /prorsa/held_rooms {"rooms": [int]}             which of these PD rooms this instance still holds
+    POST /prorsa/held_rooms {"rooms": [int]}             which of these PD rooms this instance still holds ("held"),
+                                                         and which of those wait on a handshake that is not coming
+                                                         ("stuck"; prefill only, see watchdog.py)
     POST /prorsa/kv/load {"token_ids", "keys", "block_tokens", "hold_for_rid"?}   load a persisted prefix
     POST /prorsa/peers {"instances": [...], "version"?}  the controller's registry, for continuing requests
     GET  /prorsa/status                                  role, idle, loads, KV, counters, busy intervals, engine state
@@ -29,14 +31,15 @@ from sglang_prorsa.srt.disaggregation.kv_store import check_key
 from sglang_prorsa.srt.engine.peers import Peer
 from sglang_prorsa.srt.engine.side import EngineSide
 from sglang_prorsa.srt.engine.switch import SwitchFailed, SwitchJob
-from sglang_prorsa.srt.engine.watchdog import held_rooms
+from sglang_prorsa.srt.engine.watchdog import held_rooms, stuck_rooms
 from sglang_prorsa.srt.http_utils import coded_error, field_error, json_body
-from sglang_prorsa.srt.messages import ChannelError, Code, LoadPrefix, PeerLost, Status
+from sglang_prorsa.srt.messages import ChannelError, Code, Inventory, LoadPrefix, PeerLost, Status
 from sglang_prorsa.srt.scheduler.counters import prometheus_text
 
 logger = logging.getLogger(__name__)
 
 ROLES = ("prefill", "decode")
+STUCK_CHECK_TIMEOUT_S = 3.0
 
 
 def _store_key(k: Any) -> bool:
@@ -149,7 +152,14 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
         rooms = body.get("rooms")
         if not _rooms(rooms):
             return field_error("rooms", "must be a list of non-negative integers (bootstrap rooms)")
-        return JSONResponse({"held": held_rooms(side.tm, set(rooms))})
+        held = held_rooms(side.tm, set(rooms))
+        stuck: list[int] = []
+        if held and side.role == "prefill" and side.switch is None and not side.held:  # a paused one waits by intent
+            try:  # briefly: the asker treats a prefill instance that does not answer within 10 s as lost
+                stuck = stuck_rooms(await side.channel.call(Inventory(), timeout_s=STUCK_CHECK_TIMEOUT_S), set(held))
+            except TimeoutError:
+                pass  # a scheduler too busy to answer is not idle: nothing of it is stuck
+        return JSONResponse({"held": held, "stuck": stuck})
 
     @router.post("/prorsa/expect")
     @admin

@@ -8,6 +8,13 @@ has the request); a half whose prefill side let go -- on two checks in a row, si
 also lets go -- is taken off here and continued elsewhere from its prompt. A prefill instance that does not answer is
 treated as lost (``PeerLost``). Prefill halves whose decode half nobody holds are answered as handed on likewise.
 
+A pair can also wait on itself: the decode half has sent its KV indices and waits for the KV, while the prefill half
+still waits in its scheduler's bootstrap queue for that very handshake (seen once in a full rollout: 300 s, no switch
+involved, cause not traced). The prefill instance reports such a half as ``stuck`` -- only when its scheduler has
+nothing else to do (no other request computing, transferring or waiting for compute, so it is not a backlog or a
+shortage of transfer slots) and it has waited ``STALE_S`` -- and the decode instance, on two checks in a row,
+releases the pair as a switch would: the prefill half is answered as handed on, the decode half continued elsewhere.
+
 This loop stands aside while the instance switches roles; the switch runs the same check itself, sooner
 (``switch.ORPHAN_STALE_S``), because its quiesce waits on exactly these halves: a 5,000-request soak saw one orphaned
 decode half hold a switch -- and every switch after it -- for SGLang's 300 s transfer timeout.
@@ -19,7 +26,7 @@ import asyncio
 import logging
 from typing import Any
 
-from sglang_prorsa.srt.messages import Inventory, PeerLost
+from sglang_prorsa.srt.messages import Inventory, InventoryResult, PeerLost
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +42,14 @@ def held_rooms(tokenizer_manager: Any, rooms: set[int]) -> list[int]:
         if isinstance(room, int) and room in rooms:
             held.add(room)
     return sorted(held)
+
+
+def stuck_rooms(inv: InventoryResult, rooms: set[int], stale_s: float = STALE_S) -> list[int]:
+    """A prefill scheduler's halves of ``rooms`` still bootstrapping after ``stale_s`` while it has nothing else to
+    do. Anything else on it (computing, transferring, waiting for compute) may be what holds them: none reported."""
+    if inv.role != "prefill" or inv.with_kv or any(q.stage != "bootstrapping" for q in inv.queued):
+        return []
+    return sorted(q.bootstrap_room for q in inv.queued if q.bootstrap_room in rooms and q.waited_s > stale_s)
 
 
 async def watch_orphans(side: Any) -> None:
@@ -90,6 +105,7 @@ async def _prefill_orphans(side: Any, stale: list) -> list[int]:
 async def _decode_orphans(side: Any, stale: list) -> list[int]:
     orphaned: list[int] = []
     unheld: list = []
+    stuck: list = []
     by_peer: dict[str, tuple[Any, list]] = {}
     for q in stale:
         peer = side.peers.by_bootstrap(q.bootstrap_host, q.bootstrap_port)
@@ -107,9 +123,12 @@ async def _decode_orphans(side: Any, stale: list) -> list[int]:
                            len(items))
             await side.channel.call(PeerLost(host=peer.bootstrap_host, port=peer.bootstrap_port))
             continue
-        held = set(answer.get("held", []))
+        held, stuck_there = set(answer.get("held", [])), set(answer.get("stuck", []))
         unheld += [q for q in items if q.bootstrap_room not in held]
-    gone = _confirmed(side, unheld)
+        stuck += [q for q in items if q.bootstrap_room in stuck_there and q.stage == "transfer"]
+    confirmed = {q.bootstrap_room for q in _confirmed(side, unheld + stuck)}
+    orphaned += await _release_stuck_pairs(side, [q for q in stuck if q.bootstrap_room in confirmed])
+    gone = [q for q in unheld if q.bootstrap_room in confirmed]
     if gone:
         side.expect_queued(gone, "decode")
         _, taken = await side.release_here([q.bootstrap_room for q in gone])
@@ -119,3 +138,20 @@ async def _decode_orphans(side: Any, stale: list) -> list[int]:
                            "continued elsewhere", len(taken), STALE_S)
         orphaned += taken
     return orphaned
+
+
+async def _release_stuck_pairs(side: Any, pairs: list) -> list[int]:
+    """Both halves released, in the order a decode switch uses (``SwitchJob.sweep``): records booked here, the
+    prefill half taken off there unless its prefill began meanwhile, then this half taken off and continued."""
+    if not pairs:
+        return []
+    side.expect_queued(pairs, "decode")
+    released = await side.release_prefill_halves(pairs, only_not_started=True)
+    rooms = [room for rs in released.values() for room in rs]
+    if not rooms:
+        return []
+    _, taken = await side.release_here(rooms)
+    side.counters["stuck_pairs_continued"] += len(taken)
+    logger.warning("%d decode halves waited %.0f+ s for KV while their prefill halves waited for the handshake "
+                   "(rooms %s): both released, continued elsewhere", len(taken), STALE_S, taken)
+    return taken

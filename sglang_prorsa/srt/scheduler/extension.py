@@ -224,14 +224,18 @@ class SchedulerSide:
     def inventory(self) -> InventoryResult:
         if self.role() == "decode":
             with_kv = [r.rid for r in self._running()] + [r.rid for r in self.s.waiting_queue]
-            reqs = [item.req for item in self._decode_queue_items()]
+            staged = ([(item.req, "prealloc") for item in self.s.disagg_decode_prealloc_queue.queue]
+                      + [(item.req, "transfer") for item in self.s.disagg_decode_transfer_queue.queue])
         else:
             with_kv = sorted(self._known_rids()[1])
-            reqs = self._prefill_not_started()
+            bootstrapping = list(self.s.disagg_prefill_bootstrap_queue.queue)
+            in_bootstrap = {id(r) for r in bootstrapping}
+            staged = ([(r, "waiting") for r in self._prefill_not_started() if id(r) not in in_bootstrap]
+                      + [(r, "bootstrapping") for r in bootstrapping])
         now = time.monotonic()
-        seen = {r.rid: self.first_seen.get(r.rid, now) for r in reqs}
+        seen = {r.rid: self.first_seen.get(r.rid, now) for r, _ in staged}
         self.first_seen = seen  # only what is queued now: bounded
-        queued = [_queued(r, now - seen[r.rid]) for r in reqs]
+        queued = [_queued(r, now - seen[r.rid], stage) for r, stage in staged]
         return InventoryResult(role=self.role(), with_kv=with_kv, queued=queued)
 
     def status(self, since: int = -1) -> StatusResult:
@@ -400,9 +404,10 @@ class _NoOutput:
         self.output_ids: list[int] = []
 
 
-def _queued(req: Any, waited_s: float = 0.0) -> QueuedItem:
+def _queued(req: Any, waited_s: float = 0.0, stage: str = "") -> QueuedItem:
     return QueuedItem(rid=req.rid, bootstrap_room=req.bootstrap_room, bootstrap_host=req.bootstrap_host,
-                      bootstrap_port=req.bootstrap_port, input_ids=tuple(req.origin_input_ids), waited_s=waited_s)
+                      bootstrap_port=req.bootstrap_port, input_ids=tuple(req.origin_input_ids), waited_s=waited_s,
+                      stage=stage)
 
 
 def _unique(reqs: list[Any]) -> list[Any]:

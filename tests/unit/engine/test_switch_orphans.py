@@ -12,15 +12,17 @@ from sglang_prorsa.srt.messages import Inventory, InventoryResult, MigrateOutRes
 class _Side:
     """A decode instance with one half queued for ``waited_s``, whose prefill peer holds ``held`` rooms."""
 
-    def __init__(self, waited_s: float, held: list[int]):
+    def __init__(self, waited_s: float, held: list[int], stuck: list[int] = (), stage: str = "transfer",
+                 prefill_takes: bool = False):
         self.role = "decode"
         self.admitting = True
         self.entering = 0
         self.orphan_suspects: set[int] = set()
         self.counters: Counter = Counter()
-        self.queued = [QueuedItem("r1", 77, "127.0.0.1", 9001, (1, 2, 3), waited_s)]
-        self.held = held
+        self.queued = [QueuedItem("r1", 77, "127.0.0.1", 9001, (1, 2, 3), waited_s, stage)]
+        self.held, self.stuck, self.prefill_takes = held, list(stuck), prefill_takes
         self.released_here: list[list[int]] = []
+        self.released_there: list[list[int]] = []
         self.peer = SimpleNamespace(instance_id="p", url="http://p", bootstrap_host="127.0.0.1", bootstrap_port=9001)
         self.peers = SimpleNamespace(by_bootstrap=lambda h, p: self.peer if (h, p) == ("127.0.0.1", 9001) else None)
         self.channel = SimpleNamespace(call=self._call)
@@ -35,7 +37,8 @@ class _Side:
 
     async def post_json(self, url, body, timeout_s=None):
         assert url == "http://p/prorsa/held_rooms"
-        return 200, {"held": [r for r in body["rooms"] if r in self.held]}
+        return 200, {"held": [r for r in body["rooms"] if r in self.held],
+                     "stuck": [r for r in body["rooms"] if r in self.stuck]}
 
     def expect_queued(self, items, role):
         self.book += [i.rid for i in items]
@@ -46,7 +49,10 @@ class _Side:
         return ["r1"], list(rooms)
 
     async def release_prefill_halves(self, items, only_not_started=True):
-        return {}  # the prefill side says: begun (or gone), not taken there
+        assert only_not_started  # a prefill that began is never thrown away
+        rooms = [i.bootstrap_room for i in items]
+        self.released_there.append(rooms)
+        return {"p": rooms} if self.prefill_takes else {}  # else: begun meanwhile, not taken there
 
 
 def test_an_unheld_half_is_taken_on_the_second_check_in_a_row():
@@ -85,3 +91,46 @@ def test_a_switch_waits_for_a_half_its_prefill_still_holds(monkeypatch):
     except switch.SwitchFailed as e:
         assert e.status == 503
     assert job.orphans == [] and side.released_here == []
+
+
+def test_a_pair_waiting_on_itself_is_released_on_both_sides_on_the_second_check():
+    # The prefill instance holds the room but reports its half stuck in the bootstrap queue; ours sent its indices.
+    side = _Side(waited_s=25.0, held=[77], stuck=[77], prefill_takes=True)
+    assert asyncio.run(watchdog.check_once(side)) == []  # first sight: a suspect only
+    assert side.released_there == [] and side.released_here == []
+    assert asyncio.run(watchdog.check_once(side)) == [77]
+    assert side.book == ["r1"]  # booked before either half moves: its abort is continued, not answered
+    assert side.released_there == [[77]] and side.released_here == [[77]]
+    assert side.counters["stuck_pairs_continued"] == 1 and side.counters["orphans_continued"] == 0
+
+
+def test_a_stuck_report_is_not_acted_on_when_ours_has_not_sent_its_indices_or_the_prefill_began():
+    # Still in our prealloc queue (handshake or KV allocation not done here): the wait may be ours.
+    prealloc = _Side(waited_s=25.0, held=[77], stuck=[77], stage="prealloc", prefill_takes=True)
+    for _ in range(3):
+        assert asyncio.run(watchdog.check_once(prealloc)) == []
+    assert prealloc.released_there == prealloc.released_here == []
+    # The prefill half began between the checks: it is not taken there, so ours stays and receives its KV.
+    began = _Side(waited_s=25.0, held=[77], stuck=[77])
+    for _ in range(3):
+        assert asyncio.run(watchdog.check_once(began)) == []
+    assert began.released_there and began.released_here == []
+
+
+def _inv(with_kv=(), *queued):
+    return InventoryResult(role="prefill", with_kv=list(with_kv), queued=list(queued))
+
+
+def _q(room, stage, waited_s):
+    return QueuedItem(f"r{room}", room, "127.0.0.1", 9002, (1,), waited_s, stage)
+
+
+def test_the_prefill_side_reports_stuck_only_when_it_has_nothing_else_to_do():
+    stale, fresh = watchdog.STALE_S + 1, watchdog.STALE_S - 1
+    assert watchdog.stuck_rooms(_inv((), _q(1, "bootstrapping", stale), _q(2, "bootstrapping", fresh)), {1, 2}) == [1]
+    assert watchdog.stuck_rooms(_inv((), _q(1, "bootstrapping", stale)), {2}) == []  # not asked about
+    # Anything else on the scheduler may be what holds it (a backlog, transfer slots in use): nothing reported.
+    assert watchdog.stuck_rooms(_inv(("busy",), _q(1, "bootstrapping", stale)), {1}) == []
+    assert watchdog.stuck_rooms(_inv((), _q(1, "bootstrapping", stale), _q(3, "waiting", 0.0)), {1}) == []
+    assert watchdog.stuck_rooms(InventoryResult(role="decode", with_kv=[], queued=[_q(1, "transfer", stale)]),
+                                {1}) == []
