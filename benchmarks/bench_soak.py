@@ -43,7 +43,8 @@ def workload(n: int, seed: int, new_tokens: tuple[int, int] = (8, 64)) -> list[t
     jobs = []
     for i in range(n):
         length = rng.randint(12, 200)
-        # Two leading tokens keep prompts distinct (no shared prefix) for up to 900 x 900 requests, and every id
+        # Two leading tokens keep prompts distinct for up to 900 x 900 requests (requests 900 apart share the first
+        # token only: a one-token prefix-cache hit with one-token pages, which the extra-token count sees), and every id
         # stays inside the tiny model's vocabulary (1,024): an id beyond it crashed SGLang's scheduler.
         head = [5 + i % 900, 5 + (i // 900) % 900]
         jobs.append((head + [rng.randint(20, 950) for _ in range(length - 2)], rng.randint(*new_tokens)))
