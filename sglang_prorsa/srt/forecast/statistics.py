@@ -142,7 +142,14 @@ class LifecycleStatistics(TrackerObserver):
 
     # ----- tracker callbacks -----
     def on_phase(self, phase: Phase, traj: Trajectory, duration: float, completed: bool, ts: float) -> None:
-        self.stores[phase].record_ids(self.id_tuple(traj), duration, completed, ts)
+        tracker, s = self.tracker, traj.slot
+        if tracker is None or s < 0:
+            ids = (0, 0, 0)
+        else:  # ``id_tuple``, inline: a few phases per event
+            cols = tracker.columns
+            tool = cols.tool[s]
+            ids = (cols.task[s], tool if tool > 0 else 0, 1 if cols.mode[s] == 1 else 0)
+        self.stores[phase].record_ids(ids, duration, completed, ts)
 
     def on_turn_decided(self, traj: Trajectory, calls_tool: bool) -> None:
         task = self.task_id(traj)

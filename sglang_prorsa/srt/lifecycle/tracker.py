@@ -93,6 +93,7 @@ MAX_INSTANCES = 4096
 _MODE_CODES = {None: -1, _M_PREWARM: 0, _M_COLD: 1}
 _IMPLIED_BY_REQUEST = frozenset({_K_TOOL_END, _K_SANDBOX_READY})
 _TERMINAL = frozenset({_K_REWARD_END, _K_ABORTED})  # never "late": they end the trajectory
+_TRANSITIONS_GET = TRANSITIONS.get
 
 
 
@@ -102,6 +103,7 @@ class TrajectoryTracker:
         self._observers: list[TrackerObserver] = []
         # per callback, the bound methods of the observers that override it: no calls to no-op defaults per event
         self._cb: dict[str, list] = {name: [] for name in CALLBACKS}
+        self._on_phase = self._cb["on_phase"]  # the same list: a few phases end per event
         for observer in observers:
             self.add_observer(observer)
         self._live: dict[str, Trajectory] = {}
@@ -197,43 +199,44 @@ class TrajectoryTracker:
     def apply(self, event: LifecycleEvent, now: float | None = None) -> Outcome:
         """Apply one event at ``event.ts`` (or ``now`` when the sender left ``ts`` out: the receiver's clock).
         Never raises on protocol errors; returns what happened."""
-        ts = float(event.ts if event.ts is not None else now)  # type: ignore[arg-type]
+        kind, sent_ts = event.kind, event.ts  # locals: several reads each on the event path
+        ts = float(sent_ts if sent_ts is not None else now)  # type: ignore[arg-type]
         self._ts = ts  # when the phases ended by this event ended
-        transition = TRANSITIONS.get(event.kind)
+        transition = _TRANSITIONS_GET(kind)
         if transition is None:
             return self._count(event, None, self._apply_global(event, ts))
         sources, target = transition
         traj = self._live.get(event.trajectory_id)
         if traj is None:
             if event.trajectory_id in self._finished:
-                terminal = event.kind in _TERMINAL
+                terminal = kind in _TERMINAL
                 return self._count(event, None, _O_DUPLICATE if terminal else _O_AFTER_FINISH)
             if None not in sources:
                 return self._count(event, None, _O_UNKNOWN_TRAJECTORY)
             traj = self._create(event, ts, target)
             self._enter(traj, target, event, ts, previous=None)
-            traj.stamped = event.ts is not None
+            traj.stamped = sent_ts is not None
             self.counts[_O_APPLIED] += 1
             return _O_APPLIED
-        if traj.state is target and traj.last_kind is event.kind:
-            return self._count(event, traj.state, _O_DUPLICATE)
-        if event.ts is not None and traj.stamped and event.ts < traj.entered_at and event.kind not in _TERMINAL:
+        state = traj.state
+        if state is target and traj.last_kind is kind:
+            return self._count(event, state, _O_DUPLICATE)
+        if sent_ts is not None and traj.stamped and sent_ts < traj.entered_at and kind not in _TERMINAL:
             # Both senders stamped the time things happened, and this one happened before the trajectory entered its
             # current state: a late report of the past (the engine's events for a response the trainer has already
             # acted on, or a trainer hint overtaken by the engine). Applying it would move the trajectory backwards.
-            return self._count(event, traj.state, _O_DUPLICATE)
-        if event.kind in _IMPLIED_BY_REQUEST and traj.state in ENGINE_STATES:
+            return self._count(event, state, _O_DUPLICATE)
+        if kind in _IMPLIED_BY_REQUEST and state in ENGINE_STATES:
             # The engine's request_arrived already implied this hint (the trainer's and the engine's channels race):
             # a late copy of something that happened, not a protocol error.
-            return self._count(event, traj.state, _O_DUPLICATE)
-        if traj.state not in sources:
-            return self._count(event, traj.state, _O_INVALID_TRANSITION)
-        previous = traj.state
+            return self._count(event, state, _O_DUPLICATE)
+        if state not in sources:
+            return self._count(event, state, _O_INVALID_TRANSITION)
         if target is None:
             self._finish(traj, event, ts)
         else:
-            self._enter(traj, target, event, ts, previous)
-            traj.stamped = event.ts is not None
+            self._enter(traj, target, event, ts, state)
+            traj.stamped = sent_ts is not None
         self.counts[_O_APPLIED] += 1
         return _O_APPLIED
 
@@ -282,17 +285,19 @@ class TrajectoryTracker:
         return gid
 
     def _move(self, traj: Trajectory, target: TrajState, ts: float) -> None:
-        if traj.state is not target:
-            self._state_count[traj.state] -= 1
-            self._state_count[target] += 1
-            if traj.group_id is not None and (traj.state is _REWARD or target is _REWARD):
+        state = traj.state
+        if state is not target:
+            counts = self._state_count
+            counts[state] -= 1
+            counts[target] += 1
+            if traj.group_id is not None and (state is _REWARD or target is _REWARD):
                 gid = self.columns.group[traj.slot]
                 self.group_reward[gid] += 1 if target is _REWARD else -1
         traj.state = target
         traj.entered_at = ts  # entering an engine state during a pause: the clock restarts at continue (_resume_clocks)
         slot, cols = traj.slot, self.columns
         cols.state[slot] = STATE_CODES[target]
-        cols.entered[slot] = traj.entered_at
+        cols.entered[slot] = ts
 
     def _enter(self, traj: Trajectory, target: TrajState, event: LifecycleEvent, ts: float, previous) -> None:
         kind = event.kind
@@ -432,9 +437,11 @@ class TrajectoryTracker:
             self.columns.decoded[traj.slot] = self.columns.tool_start[traj.slot] = -1.0
 
     def _phase_done(self, phase: Phase, traj: Trajectory, duration: float, completed: bool = True) -> None:
-        duration = max(0.0, duration)
-        for cb in self._cb["on_phase"]:
-            cb(phase, traj, duration, completed, self._ts)
+        if not duration > 0.0:  # max(0.0, duration), NaN included
+            duration = 0.0
+        ts = self._ts
+        for cb in self._on_phase:
+            cb(phase, traj, duration, completed, ts)
 
     def _notify_tool(self, traj: Trajectory, ts: float) -> None:
         if traj.tool_started_at is not None:
