@@ -143,7 +143,7 @@ def wape_of(pairs) -> float | None:
 class AccuracyTracker(TrackerObserver):
     def __init__(self, recent_windows: int = 30) -> None:
         self._open: dict | None = None
-        self._states: np.ndarray | None = None  # the tracker's state column at the window's start
+        self._states: list[int] | None = None  # the tracker's state column at the window's start (read per event)
         self._arrived = 0.0
         self._admitted = 0.0
         self._arrived_by: dict[str, float] = {}
@@ -176,9 +176,9 @@ class AccuracyTracker(TrackerObserver):
         if traj is None or self._states is None or self._open is None:
             return "unknown"
         slot = traj.slot
-        if slot < 0 or slot >= self._states.size or traj.created_at > self._open["start"]:
+        if slot < 0 or slot >= len(self._states) or traj.created_at > self._open["start"]:
             return "sampler"  # created during the window (a new sample), or a slot reused since the start
-        code = int(self._states[slot])
+        code = self._states[slot]
         return "sampler" if code == FREE else labels.get(code, "unknown")
 
     # ----- windows -----
@@ -196,7 +196,7 @@ class AccuracyTracker(TrackerObserver):
         self._open = dict(start=start, end=end, forecast_arrivals=forecast_arrivals, raw_arrivals=raw_arrivals,
                           backlog=backlog, forecast_decode=forecast_decode, raw_decode=raw_decode,
                           raw_sources=dict(raw_sources or {}), raw_decode_sources=dict(raw_decode_sources or {}))
-        self._states = None if states is None else np.array(states, copy=True)
+        self._states = None if states is None else np.asarray(states).tolist()  # a copy: the column moves on
         self._arrived = self._admitted = 0.0
         self._arrived_by, self._admitted_by = {}, {}
         self._paused = paused

@@ -68,6 +68,7 @@ class GatedBias:
         self.min_windows = min_windows
         self.margin = margin
         self._recent: deque[tuple[float, float, float]] = deque(maxlen=gate_windows)
+        self._enabled: bool | None = None  # ``enabled``, kept until the recent windows change (read every refresh)
 
     @property
     def candidate(self) -> float:
@@ -76,6 +77,11 @@ class GatedBias:
 
     @property
     def enabled(self) -> bool:
+        if self._enabled is None:
+            self._enabled = self._gate_open()
+        return self._enabled
+
+    def _gate_open(self) -> bool:
         if len(self._recent) < self.min_windows:
             return False
         corrected = sum(abs(b * f - r) for f, b, r in self._recent)
@@ -91,11 +97,13 @@ class GatedBias:
         if raw_forecast <= 0.0 and realised <= 0.0:
             return
         self._recent.append((raw_forecast, factor_at_open, realised))
+        self._enabled = None
         self.bias.update(raw_forecast, realised)
 
     def reset(self) -> None:
         self.bias = MultiplicativeBias(self.bias.beta, self.bias.lo, self.bias.hi)
         self._recent.clear()
+        self._enabled = None
 
 
 class SourceBiases:

@@ -110,12 +110,12 @@ class DurationClass:
         order within the buffers does not matter)."""
         if self._hist is None or self._hist[0] != dt:
             nd, nc = min(self._n_done, self.history), min(self._n_cens, self.history)
-            done, cens = _view(self._done, nd), _view(self._cens, nc)
+            # each entry's grid point once: the cohort's histograms count a subset of the same points
+            done, cens = event_bins(_view(self._done, nd), dt), censor_bins(_view(self._cens, nc), dt)
             in_done = _view(self._done_starts, nd) > self.evicted_start
             in_cens = _view(self._cens_starts, nc) > self.evicted_start
-            hist = lambda x, bins: np.bincount(bins(x, dt), minlength=1).astype(np.float64)  # noqa: E731
-            self._hist = (dt, hist(done[in_done], event_bins), hist(cens[in_cens], censor_bins),
-                          hist(done, event_bins), hist(cens, censor_bins))
+            hist = lambda bins: np.bincount(bins, minlength=1).astype(np.float64)  # noqa: E731
+            self._hist = (dt, hist(done[in_done]), hist(cens[in_cens]), hist(done), hist(cens))
         return self._hist[1:]
 
     def curve_history(self, dt: float) -> CurveHistory:

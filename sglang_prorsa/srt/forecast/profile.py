@@ -25,6 +25,7 @@ class PrefillTimeProfile:
     per_token_s: float = 1.0 / 20_000.0  # ~20k full-prompt tokens/s per instance when no profile is given
     per_token2_s: float = 0.0
     _xs: tuple[float, ...] = field(default=(), init=False, repr=False, compare=False)
+    _arrays: tuple = field(default=(), init=False, repr=False, compare=False)  # ``many``'s (xs, seconds), kept
 
     def __post_init__(self) -> None:
         pts = tuple(sorted((float(x), float(s)) for x, s in self.points))
@@ -60,8 +61,9 @@ class PrefillTimeProfile:
         if len(pts) == 1:
             x0, s0 = pts[0]
             return s0 * x / x0 if x0 > 0 else np.full_like(x, s0)
-        xs = np.array(self._xs)
-        ss = np.array([s for _, s in pts])
+        if not self._arrays:
+            object.__setattr__(self, "_arrays", (np.array(self._xs), np.array([s for _, s in pts])))
+        xs, ss = self._arrays
         i = np.clip(np.searchsorted(xs, x, side="right"), 1, len(pts) - 1)
         xa, xb, sa, sb = xs[i - 1], xs[i], ss[i - 1], ss[i]
         return np.maximum(0.0, sa + (sb - sa) * (x - xa) / (xb - xa))

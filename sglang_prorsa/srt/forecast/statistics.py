@@ -153,8 +153,11 @@ class LifecycleStatistics(TrackerObserver):
 
     def on_turn_decided(self, traj: Trajectory, calls_tool: bool) -> None:
         task = self.task_id(traj)
+        continues = self._continue
         for key in ((task, turn_bucket(traj.turn)), (task,), ()):
-            counts = self._continue.setdefault(key, [0, 0])
+            counts = continues.get(key)
+            if counts is None:
+                counts = continues[key] = [0, 0]
             counts[0] += calls_tool
             counts[1] += 1
 
