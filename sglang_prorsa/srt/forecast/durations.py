@@ -83,6 +83,15 @@ class DurationClass:
             self._cens, self._cens_starts = values, starts
         return values, starts
 
+    def copy(self) -> "DurationClass":
+        """An independent class with the same history (stores.py splits a shared class with it)."""
+        twin = DurationClass(self.history)
+        twin._done, twin._done_starts = array("d", self._done), array("d", self._done_starts)
+        twin._cens, twin._cens_starts = array("d", self._cens), array("d", self._cens_starts)
+        twin._n_done, twin._n_cens = self._n_done, self._n_cens
+        twin.evicted_start, twin._sum = self.evicted_start, self._sum
+        return twin
+
     @property
     def count(self) -> int:
         return min(self._n_done, self.history)

@@ -49,6 +49,11 @@ class DurationStore:
         self.version = 0
         self._resolution: tuple | None = None  # (version, radix of the finest columns, tables)
         self._chains: dict[tuple, list[DurationClass]] = {}  # (task, tool, mode) -> its classes (record_ids)
+        # A class created together with its only finer member shares that member's object until some operation
+        # reaches one and not the other (a second member, or a full store): until then both recorded the same
+        # durations in the same order, so one object holds both. With one task, (task,) and () are the same class:
+        # an operation is then written to fewer classes. Shared objects: id -> the keys that share it.
+        self._shared: dict[int, list[Key]] = {}
 
     # ----- recording (event path, O(levels)) -----
     def keys(self, ids: Mapping[str, int]) -> list[Key]:
@@ -79,19 +84,45 @@ class DurationStore:
                 self.version += 1  # the class resolution (``resolve``) changes only here
 
     def _classes_of(self, ids: Mapping[str, int]) -> list["DurationClass"]:
-        """The classes an operation with ``ids`` belongs to, finest first, created when first seen (when the store
-        is full, only the coarsest level's classes are still created: they still learn)."""
-        out, classes = [], self.classes
+        """The classes an operation with ``ids`` belongs to, finest first, each object once, created when first seen
+        (when the store is full, only the coarsest level's classes are still created: they still learn)."""
+        keys, out, classes = [], [], self.classes
+        fresh = None  # the class this call created at the previous level
         for i, lv in enumerate(self.levels):
             key = (i,) if not lv else (i, ids[lv[0]]) if len(lv) == 1 else (i, *[ids[c] for c in lv])
             cls = classes.get(key)
             if cls is None:
                 if len(classes) >= MAX_CLASSES and lv:
+                    fresh = None
                     continue  # full: the coarser classes still learn
-                cls = classes[key] = DurationClass(self.history)
+                if fresh is not None:  # both new, the finer its only member: the same records from here on
+                    cls = classes[key] = fresh
+                    self._shared.setdefault(id(fresh), [keys[-1]]).append(key)
+                else:
+                    cls = classes[key] = fresh = DurationClass(self.history)
                 self.version += 1
-            out.append(cls)
+            else:
+                fresh = None
+            keys.append(key)
+            if not any(c is cls for c in out):
+                out.append(cls)
+        for j, cls in enumerate(out):
+            sharers = self._shared.get(id(cls))
+            if sharers is not None and not all(k in keys for k in sharers):
+                out[j] = self._split(cls, [k for k in sharers if k in keys], [k for k in sharers if k not in keys])
         return out
+
+    def _split(self, shared: DurationClass, ours: list[Key], others: list[Key]) -> DurationClass:
+        """An operation reaches the keys ``ours`` of a shared class and not ``others``: ours get their own copy."""
+        twin = shared.copy()
+        del self._shared[id(shared)]
+        for keys, cls in ((ours, twin), (others, shared)):
+            for key in keys:
+                self.classes[key] = cls
+            if len(keys) > 1:
+                self._shared[id(cls)] = keys
+        self._chains.clear()  # cached chains may hold the shared object for our keys
+        return twin
 
     def prior(self, key: Key) -> float:
         value = self._prior_of(key) if self._prior_of else None
