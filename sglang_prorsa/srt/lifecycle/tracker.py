@@ -300,16 +300,20 @@ class TrajectoryTracker:
         cols.entered[slot] = ts
 
     def _enter(self, traj: Trajectory, target: TrajState, event: LifecycleEvent, ts: float, previous) -> None:
-        kind = event.kind
+        kind, task, turn = event.kind, event.task, event.turn
         cols, slot = self.columns, traj.slot
-        if event.task is not None and event.task != traj.task:
-            traj.task = event.task
-            cols.task[slot] = self.tasks(event.task)
-        if event.turn is not None:
-            traj.turn = event.turn
-            cols.turn[slot] = event.turn
+        if task is not None and task != traj.task:
+            traj.task = task
+            cols.task[slot] = self.tasks(task)
+        if turn is not None:
+            traj.turn = turn
+            cols.turn[slot] = turn
+        # the engine's events first: they are most of the traffic (the kinds exclude each other)
         if kind is _K_REQUEST_ARRIVED:
             self._on_request_arrived(traj, event, ts, previous)
+        elif kind is _K_PREFILL_START:
+            traj.instance = event.instance
+            cols.instance[slot] = self.instances(event.instance)
         elif kind is _K_PREFILL_END:
             for cb in self._cb["on_decode_admission"]:
                 cb(traj, ts, traj.prompt_tokens or 0)
@@ -341,9 +345,6 @@ class TrajectoryTracker:
             traj.sandbox_ready_at = ts
             if traj.sandbox_started_at is not None:
                 self._phase_done(_P_SANDBOX, traj, ts - traj.sandbox_started_at)
-        elif kind is _K_PREFILL_START:
-            traj.instance = event.instance
-            cols.instance[slot] = self.instances(event.instance)
         # Non-engine events may carry the trainer's estimate of the next request's prompt length (B.3, B.5: x_k, x_hat_i).
         if event.prompt_tokens is not None and kind is not _K_REQUEST_ARRIVED:
             traj.next_prompt_tokens = event.prompt_tokens
