@@ -193,7 +193,7 @@ def run_grid(args, opts: dict) -> dict:
     cells = [(p, k) for p in args.presets for k in args.staleness]
     jobs, plan = [], []
     for p, k in cells:
-        loads = args.loads.get(p, LOADS[(p, k)])
+        loads = args.loads.get(f"{p}/{k}", args.loads.get(p, LOADS[(p, k)]))
         for g in loads:
             top = g == max(loads)
             jobs += cell_jobs(p, k, g, seeds, ratios, keep=top)
@@ -291,7 +291,8 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=128)
     ap.add_argument("--presets", nargs="+", default=list(PRESETS))
     ap.add_argument("--staleness", nargs="+", type=int, default=list(STALENESS))
-    ap.add_argument("--loads", nargs="*", default=[], help="override per task, e.g. math=16,32 coding_agent=12,24")
+    ap.add_argument("--loads", nargs="*", default=[],
+                    help="override per task or per task and staleness, e.g. math=16,32 coding_agent/8=4,8")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sync-steps", type=int, default=1)
@@ -304,7 +305,8 @@ def main() -> None:
     ap.add_argument("--shift-only", action="store_true")
     ap.add_argument("--wide", action="store_true", help="also run coding with stage-specific (wide) decode instances")
     ap.add_argument("--no-speed", action="store_true")
-    ap.add_argument("--speed-only", action="store_true")
+    ap.add_argument("--speed-only", action="store_true",
+                    help="measure only the speed; an existing grid.json in --out keeps its grid, only 'speed' changes")
     ap.add_argument("--speed-repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
@@ -314,6 +316,9 @@ def main() -> None:
             "async_measured": args.async_measured, "max_sim_s": args.max_sim_s, "jobs": args.jobs}
     started = time.perf_counter()
     result: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "model": args.model}
+    previous = args.out / "grid.json"
+    if args.speed_only and previous.exists():  # re-measure the speed of an existing grid's simulator
+        result = json.loads(previous.read_text()) | {"speed_args": result["args"]}
     if not (args.speed_only or args.shift_only):
         result |= run_grid(args, opts)
         print_rows(f"{args.model}: grid (mean over {args.seeds} seeds)", result["rows"])
@@ -333,7 +338,7 @@ def main() -> None:
         print_rows(f"{args.model}: decode at the wide shape (mean over {args.seeds} seeds)", result["wide"])
     if not (args.no_speed or args.shift_only):
         result["speed"] = measure_speed(args)
-    result["wall_s"] = time.perf_counter() - started
+    result["speed_wall_s" if "speed_args" in result else "wall_s"] = time.perf_counter() - started
     (args.out / "grid.json").write_text(json.dumps(result, indent=1, default=str))
     write_readme(args.out / "README.md", result, args.model)
     print("\npaper, for comparison:")

@@ -55,3 +55,13 @@ def test_a_sweep_without_a_gpu_bound_load_and_an_unfinished_colocated_mode():
     # the comparison skips the cell without a colocated step time instead of dividing by it
     assert "| agentic speedup of adaptive over colocation | 1.11-4.05x | 0.98-0.98x |" in text
     assert "interference costs colocated ranks 0-40 % of GPU time" in text  # not the MiMo-specific reading
+
+
+def test_speed_section_reads_each_mode_against_the_target():
+    speed = [{"mode": m, "sim_s": 3600.0, "wall_s": 128 / r, "cpu_s": 128 / r, "gpu_hours_per_wall_s": r,
+              "gpu_hours_per_cpu_s": r} for m, r in (("static", 120.0), ("static", 110.0), ("adaptive", 90.0),
+                                                      ("adaptive", 115.0), ("colocated", 80.0), ("colocated", 95.0))]
+    text = markdown({"rows": [], "speed": speed, "speed_args": {}, "args": {}}, "m", {}, {})
+    assert "(re-measured alone, `--speed-only`, after the grid)" in text
+    assert ("Target >= 100 simulated GPU-hours per wall-clock second: static 110-120 (met), "
+            "adaptive 90-115 (met on average), colocated 80-95 (NOT met).") in text
