@@ -255,7 +255,7 @@ def print_rows(title: str, rows: list[dict]) -> None:
                 f"{100 * r['wape_prefill']:.0f}/{100 * (r['wape_decode'] or 0):.0f}%")
         bound = {True: "yes", False: "no", None: "-"}[r.get("gpu_bound")]
         print(f"{r['preset']:<20}{r['staleness']:>6}{r['groups']:>7} {bound:>7}{r['colocated_s']:9.0f}"
-              f"{r['best_static']:>6}{r['best_static_s']:10.0f}{r['adaptive_s']:9.0f}{r['adaptive_over_best']:8.3f}"
+              f"{r['best_static']:>6}{r['best_static_s']:10.0f}{r['adaptive_s']:9.0f}{r['adaptive_over_best']:8.3f} "
               f"{seeds:>16}{r['adaptive_over_colocated']:8.2f}{r['switches_per_step']:8.1f}{paid:>6}{wape:>12}")
 
 
@@ -277,6 +277,32 @@ def measure_speed(args) -> list[dict]:
                   f"({cpu:6.1f} s CPU): {out[-1]['gpu_hours_per_wall_s']:6.1f} GPU-h per wall-s, "
                   f"{out[-1]['gpu_hours_per_cpu_s']:6.1f} per CPU-s, {r.events} events")
     return out
+
+
+def merge_grids(folders: list[Path]) -> dict:
+    """One result from several runs' grid.json (one model): rows, runs and plotted series side by side, each
+    run's command kept (``merged_from``). A cell and load in more than one grid is kept once (the first; runs are
+    deterministic, so the copies agree), and GPU-bound is marked again over the merged load ladder."""
+    parts = [json.loads((folder / "grid.json").read_text()) for folder in folders]
+    models = {p["model"] for p in parts}
+    if len(models) != 1:
+        raise SystemExit(f"--merge: the grids are of different models {sorted(models)}")
+    merged = {"model": models.pop(), "args": parts[0]["args"], "rows": [], "runs": [], "figure9": {}, "roles": {},
+              "merged_from": [p["args"] for p in parts], "wall_s": sum(p.get("wall_s", 0.0) for p in parts)}
+    rows, runs = {}, {}
+    for p in parts:
+        for r in p.get("rows", []):
+            rows.setdefault((r["preset"], r["staleness"], r["groups"], r.get("decode_shape", "same")), r)
+        for r in p.get("runs", []):
+            runs.setdefault(tuple(r[k] for k in ("preset", "staleness", "groups", "mode", "prefill_instances",
+                                                 "decode_instances", "seed")), r)
+        merged["figure9"] |= p.get("figure9", {})
+        merged["roles"] |= p.get("roles", {})
+    order = {name: i for i, name in enumerate(PRESETS)}
+    merged["rows"] = [rows[k] for k in sorted(rows, key=lambda k: (order.get(k[0], len(order)), k[0], *k[1:]))]
+    merged["runs"] = list(runs.values())
+    mark_gpu_bound(merged["rows"])
+    return merged
 
 
 def write_readme(path: Path, result: dict, model_name: str) -> None:
@@ -308,6 +334,9 @@ def main() -> None:
     ap.add_argument("--speed-only", action="store_true",
                     help="measure only the speed; an existing grid.json in --out keeps its grid, only 'speed' changes")
     ap.add_argument("--speed-repeats", type=int, default=3)
+    ap.add_argument("--merge", nargs="+", type=Path, default=[], metavar="DIR",
+                    help="combine the grids of earlier runs (their --out folders) into one report in --out; runs "
+                         "nothing")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     args.loads = {k: tuple(int(x) for x in v.split(",")) for k, v in (a.split("=") for a in args.loads)}
@@ -319,9 +348,13 @@ def main() -> None:
     previous = args.out / "grid.json"
     if args.speed_only and previous.exists():  # re-measure the speed of an existing grid's simulator
         result = json.loads(previous.read_text()) | {"speed_args": result["args"]}
-    if not (args.speed_only or args.shift_only):
+    if args.merge:
+        result = merge_grids(args.merge)
+        print_rows(f"{result['model']}: merged grid", result["rows"])
+    elif not (args.speed_only or args.shift_only):
         result |= run_grid(args, opts)
         print_rows(f"{args.model}: grid (mean over {args.seeds} seeds)", result["rows"])
+    if "rows" in result and not args.speed_only:
         (args.out / "grid.json").write_text(json.dumps(result, indent=1, default=str))  # kept if a plot fails
         plots.normalised_step_times(result["rows"], args.out / "fig5_step_time.png")
         plots.idle_ratios(result["rows"], args.out / "fig6_idle.png")
@@ -336,11 +369,12 @@ def main() -> None:
     if args.wide:
         result["wide"] = run_wide(args, opts)
         print_rows(f"{args.model}: decode at the wide shape (mean over {args.seeds} seeds)", result["wide"])
-    if not (args.no_speed or args.shift_only):
+    if not (args.no_speed or args.shift_only or args.merge):
         result["speed"] = measure_speed(args)
-    result["speed_wall_s" if "speed_args" in result else "wall_s"] = time.perf_counter() - started
+    if not args.merge:
+        result["speed_wall_s" if "speed_args" in result else "wall_s"] = time.perf_counter() - started
     (args.out / "grid.json").write_text(json.dumps(result, indent=1, default=str))
-    write_readme(args.out / "README.md", result, args.model)
+    write_readme(args.out / "README.md", result, result["model"])
     print("\npaper, for comparison:")
     for k, v in PAPER.items():
         print(f"  {k}: {v}")

@@ -3,6 +3,9 @@ switch accounting, the paper's numbers beside ours with where we disagree, and e
 
 from __future__ import annotations
 
+import ast
+
+DEFAULT_GRID = {"presets": ("math", "coding_agent", "general_agent"), "staleness": (0, 2, 8)}  # bench_sim_grid.py
 SPEED_TARGET = 100.0  # simulated GPU-hours per wall-clock second at 128 GPUs (issue #11)
 
 
@@ -129,9 +132,10 @@ DISAGREE = """Where we disagree with the paper, and why (our reading, not a meas
 
 
 def markdown(result: dict, model: str, assumed: dict[str, str], paper: dict[str, str]) -> str:
+    runs = [{"args": a} for a in result["merged_from"]] if result.get("merged_from") else [result]
+    commands = "; ".join(f"`python benchmarks/bench_sim_grid.py {' '.join(_cli(r))}`" for r in runs)
     lines = [f"# Cluster simulator: {model}", "",
-             f"Produced by `python benchmarks/bench_sim_grid.py {' '.join(_cli(result))}` "
-             f"({result.get('wall_s', 0):.0f} s wall on 2 shared cores). Step times are means over seeds of each "
+             f"Produced by {commands} ({result.get('wall_s', 0):.0f} s wall on 2 shared cores). Step times are means over seeds of each "
              "run's steady step time (asynchronous runs with staleness k run k + 1 warm-up steps first). Best static "
              "= the fastest of *every* static ratio, chosen per cell and load. GPU-bound = the best static step time "
              "grew >= 1.5x over half the load.", ""]
@@ -213,6 +217,13 @@ def _cli(result: dict) -> list[str]:
     args = result.get("args", {})
     keep = ("model", "seeds", "async_measured", "max_sim_s", "jobs")
     out = [f"--{k.replace('_', '-')} {args[k]}" for k in keep if k in args]
+    for k in ("presets", "staleness"):  # only where a run covered part of the grid
+        values = ast.literal_eval(args[k]) if k in args else None
+        if values and [str(v) for v in values] != [str(v) for v in DEFAULT_GRID[k]]:
+            out.append(f"--{k} {' '.join(str(v) for v in values)}")
+    loads = ast.literal_eval(args["loads"]) if args.get("loads") else {}
+    if loads:
+        out.append("--loads " + " ".join(f"{cell}={','.join(str(g) for g in gs)}" for cell, gs in loads.items()))
     if args.get("out") and "sim_grid_" in str(args.get("out")):
         out.append(f"--out {args['out'].split('benchmarks/', 1)[-1] if 'benchmarks/' in args['out'] else args['out']}")
     return out + (["--shift"] if result.get("shift") else []) + (["--wide"] if result.get("wide") else [])

@@ -65,3 +65,14 @@ def test_speed_section_reads_each_mode_against_the_target():
     assert "(re-measured alone, `--speed-only`, after the grid)" in text
     assert ("Target >= 100 simulated GPU-hours per wall-clock second: static 110-120 (met), "
             "adaptive 90-115 (met on average), colocated 80-95 (NOT met).") in text
+
+
+def test_a_merged_report_names_every_run_that_made_it():
+    full = {"model": "m", "seeds": "4", "presets": "['math', 'coding_agent', 'general_agent']", "staleness": "[0, 2, 8]",
+            "loads": "{}"}
+    part = {"model": "m", "seeds": "4", "presets": "['math']", "staleness": "[0, 2, 8]",
+            "loads": "{'math/0': (512, 1024), 'math/2': (128, 256)}"}
+    text = markdown({"rows": [_row("math", 1.0, [1.0, 1.0])], "merged_from": [full, part], "wall_s": 30.0},
+                    "m", {}, {})
+    assert ("Produced by `python benchmarks/bench_sim_grid.py --model m --seeds 4`; `python benchmarks/bench_sim_grid.py "
+            "--model m --seeds 4 --presets math --loads math/0=512,1024 math/2=128,256` (30 s wall") in text
