@@ -33,6 +33,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections import deque
+from functools import partial
 
 from sglang_prorsa.sim.config import ClusterConfig, ModelConfig, RolloutConfig
 from sglang_prorsa.sim.events import EventQueue
@@ -59,6 +60,7 @@ class Cluster:
         p, d = cluster.split(model)
         roles = [None] * d if self.colocated else [Role.PREFILL] * p + [Role.DECODE] * d
         self.instances = [self._new_instance(role) for role in roles]
+        self._pools: tuple[list[Instance], list[Instance]] | None = None  # see _routing_pools
         self.retired: list[Instance] = []  # regrouped away; kept for the GPU-time accounting
         self._rng = random.Random(f"{rollout.seed}/bootstrap-room")
         self._rid = itertools.count()
@@ -85,7 +87,9 @@ class Cluster:
     def submit(self, run: TrajectoryRun, t: float) -> None:
         x = run.prompt_tokens_at(run.turn)
         inst, rank = self._route(run)
-        cached = min(x, inst.cached_tokens(rank, run))
+        cached = inst.cached_tokens(rank, run)
+        if cached > x:
+            cached = x
         req = Request(next(self._rid), run, x, cached, run.plan.turns[run.turn].output_tokens, cached=cached)
         run.request = req
         self.lifecycle.request_arrived(run, x, inst.iid, t)
@@ -142,15 +146,24 @@ class Cluster:
     def _switching(self) -> list[Instance]:
         return [i for i in self.instances if i.status is not InstanceStatus.ACTIVE]
 
-    def _prefill_pool(self) -> list[Instance]:
-        return self._active(None if self.colocated else Role.PREFILL)
+    def _routing_pools(self) -> tuple[list[Instance], list[Instance]]:
+        """(prefill pool, active decode instances) in instance order. Every request is routed and placed through
+        them, so they are kept until a role switch changes an instance's role or status (``_pools = None``)."""
+        if self._pools is None:
+            self._pools = (self._active(None if self.colocated else Role.PREFILL), self._active(Role.DECODE))
+        return self._pools
 
     def _route(self, run: TrajectoryRun | None) -> tuple[Instance, int]:
         """(instance, rank) for the next prefill of ``run`` (None: no cache to look for)."""
-        pool = self._prefill_pool()
-        least = min(pool, key=lambda i: (i.n_requests, i.prefill_left, i.iid))
         home = run.home if run is not None else None
-        if home is not None and home[0] in pool and home[0] is not least:
+        least, home_in_pool = None, False
+        for inst in self._routing_pools()[0]:  # the least loaded: fewest requests, then queued tokens, then id
+            if home is not None and inst is home[0]:
+                home_in_pool = True
+            if least is None or inst.n_requests < least.n_requests or inst.n_requests == least.n_requests and \
+                    (inst.prefill_left, inst.iid) < (least.prefill_left, least.iid):
+                least = inst
+        if home_in_pool and home[0] is not least:
             h, m = home[0].n_requests, least.n_requests
             if not (h - m > BALANCE_ABS and h > BALANCE_REL * m):
                 least = home[0]
@@ -209,19 +222,22 @@ class Cluster:
             self._awaiting.append(req)
 
     def _try_place(self, req: Request, t: float) -> bool:
+        """Admit ``req`` on the decode rank with the fewest running requests, then the least loaded instance, then the
+        lowest rank index, among those with a slot and KV for it now."""
+        tokens = req.context
         best, best_key = None, None
-        for inst in self.instances:
-            if inst.role is not Role.DECODE or inst.status is not InstanceStatus.ACTIVE or \
-                    inst.n_requests >= inst.slots * len(inst.ranks):  # every slot taken (queues form only then)
+        for inst in self._routing_pools()[1]:
+            n = inst.n_requests
+            if n >= inst.slots * len(inst.ranks):  # every slot taken (queues form only then)
                 continue
-            for k, rs in enumerate(inst.ranks):
-                if inst.fits(rs, req.context):
-                    key = (len(rs.running) + rs.pending, inst.n_requests, k)
-                    if best_key is None or key < best_key:
-                        best, best_key = (inst, k), key
+            # the instance's least (busy, index), the same order as (busy, n, index), among ranks that could still win
+            limit = INF if best_key is None else best_key[0] if n <= best_key[1] else best_key[0] - 1
+            rank = inst.best_rank(tokens, limit)
+            if rank is not None and (best_key is None or (rank[0], n, rank[1]) < best_key):
+                best, best_key = inst, (rank[0], n, rank[1])
         if best is None:
             return False
-        best[0].add_decode(req, best[1], t)  # admitted at once: a reservation, the regime is unchanged
+        best.add_decode(req, best_key[2], t)  # admitted at once: a reservation, the regime is unchanged
         return True
 
     def _drain(self, t: float) -> None:
@@ -235,13 +251,15 @@ class Cluster:
         src = self._src.pop(req, None)
         src_rank = src[0].ranks[src[1]] if src is not None and src[1] < len(src[0].ranks) else None
         start = max(t, rs.nic_free, src_rank.nic_free if src_rank is not None else t)
-        bw = inst.perf if src is None else min(inst.perf, src[0].perf, key=lambda p: p.rank_bytes_per_s)
+        bw = inst.perf  # the slower of the two ranks' NICs sets the pace
+        if src is not None and src[0].perf.rank_bytes_per_s < bw.rank_bytes_per_s:
+            bw = src[0].perf
         end = start + bw.transfer_s(req.context)
         rs.nic_free = end
         if src_rank is not None:
             src_rank.nic_free = end
         self._in_transfer[req] = inst
-        self.events.at(end + self.model.transfer_latency_s, lambda t1, r=req, d=inst: self._landed(d, r, t1))
+        self.events.at(end + self.model.transfer_latency_s, partial(self._landed, inst, req))
 
     def _landed(self, inst: Instance, req: Request, t: float) -> None:
         if self._in_transfer.get(req) is not inst:
@@ -283,13 +301,14 @@ class Cluster:
         before = inst.wake_at
         end = inst.plan()
         if end < INF and end != before:
-            self.events.at(end, lambda t, i=inst, e=end: self._wake(i, e, t))
+            self.events.at(end, partial(self._wake, inst, end))
 
     def _wake(self, inst: Instance, end: float, t: float) -> None:
         if inst.wake_at == end:
             inst.advance(t)
-            inst.wake_at = INF
-            self._plan(inst)
+            end = inst.plan()  # _plan inlined (the hottest path): this event was the one pending
+            if end < INF:
+                self.events.at(end, partial(self._wake, inst, end))
 
     # ----- role switch (Appendix C) -----
     def start_switch(self, iid: str, role: Role, t: float) -> None:
@@ -298,7 +317,7 @@ class Cluster:
         inst.advance(t)
         waiting, decoding = inst.evict_all()
         inst.status, inst.role = InstanceStatus.SWITCHING, role
-        inst.version += 1
+        self._pools = None
         self.lifecycle.instance_interrupted(iid)
         self.switches.append((t, iid, role.value))
         if src_role is Role.PREFILL:
@@ -333,6 +352,7 @@ class Cluster:
             for old in taken:
                 self.instances.remove(old)
                 self.retired.append(old)
+            self._pools = None
             for _ in range(gpus // target.gpus):
                 new = self._new_instance(role)
                 new.t, new.last_switch_s = t, inst.perf.switch_s
@@ -341,6 +361,7 @@ class Cluster:
 
     def _activate(self, inst: Instance, t: float) -> None:
         inst.status, inst.role_since, inst.t = InstanceStatus.ACTIVE, t, t
+        self._pools = None
         if inst.role is Role.DECODE:
             self._drain(t)
         else:

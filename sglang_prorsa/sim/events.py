@@ -3,9 +3,9 @@ deterministic for a given seed."""
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections.abc import Callable
+from heapq import heappop, heappush
 
 Action = Callable[[float], None]
 
@@ -24,7 +24,9 @@ class EventQueue:
 
     def at(self, t: float, action: Action) -> None:
         """Run ``action(t)`` at ``t`` (never before the current time)."""
-        heapq.heappush(self._heap, (max(t, self.now), next(self._seq), action))
+        if t < self.now:
+            t = self.now
+        heappush(self._heap, (t, next(self._seq), action))
 
     def run(self, until: float) -> None:
         """Process events in time order until ``stop()`` is called, the queue empties or the time passes ``until``."""
@@ -33,7 +35,7 @@ class EventQueue:
             if heap[0][0] > until:  # leave it queued: a later run() continues from here
                 self.now = until
                 return
-            t, _, action = heapq.heappop(heap)
+            t, _, action = heappop(heap)
             self.now = t
             action(t)
             self.processed += 1

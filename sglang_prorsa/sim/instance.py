@@ -34,6 +34,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
+from operator import attrgetter, itemgetter
 
 from sglang_prorsa.sim.perf_model import PerfModel
 from sglang_prorsa.sim.requests import Rank, Request
@@ -42,6 +43,8 @@ from sglang_prorsa.srt.role_switch.capacity import InstanceStatus, Role
 __all__ = ["INF", "Instance", "Rank", "Request"]
 
 INF = math.inf
+_iteration = itemgetter(0)  # completions sort by the iteration that ended them (stable: rank order on ties)
+_prefill_queue = attrgetter("prefill")
 
 
 class Instance:
@@ -62,8 +65,8 @@ class Instance:
         self._on_admitted, self._on_interval = on_admitted, on_interval
         self.quantum = time_quantum_s  # a regime may run through completions for this long (see plan)
         self.t = 0.0
-        self._regime: tuple | None = None  # (start, period, k, ops, interference, imbalance, work) per iteration
-        self.version = 0  # bumps whenever the next event moves; stale heap entries are skipped
+        # (start, period, k, ops, interference, imbalance, work, prefilling ranks), the sums per iteration
+        self._regime: tuple | None = None
         self.wake_at = INF
         self.rr = 0  # round-robin rank counter (SGLang's default DP load balancing)
         self.busy_s = 0.0  # wall time with at least one rank working
@@ -170,16 +173,24 @@ class Instance:
 
     def _run(self, rs: Rank, req: Request) -> None:
         req.joined_step = rs.steps
-        req.finish_step = rs.steps + max(1, req.output - req.generated)
+        left = req.output - req.generated
+        req.finish_step = rs.steps + (left if left > 1 else 1)
         rs.running[req.rid] = req
         heapq.heappush(rs.finish_heap, (req.finish_step, req.rid))
         if req.finish_step > rs.finish_max:
             rs.finish_max = req.finish_step
         rs.context += req.context
 
-    def fits(self, rs: Rank, tokens: int) -> bool:
-        """Rank ``rs`` would admit a request of ``tokens`` KV now (nothing waiting ahead of it there)."""
-        return not rs.admit and not rs.parked and self._fits(rs, tokens)
+    def best_rank(self, tokens: int, limit: float = INF) -> tuple[int, int] | None:
+        """(busy, index) of the rank with the fewest running and admitted requests, at most ``limit`` (lowest index on
+        ties), that would admit a request of ``tokens`` KV now, nothing waiting ahead of it there; None if none would."""
+        best = None
+        for k, rs in enumerate(self.ranks):
+            busy = len(rs.running) + rs.pending
+            # the KV check only for a rank that would be the new best
+            if busy <= limit and not rs.admit and not rs.parked and self._fits(rs, tokens):
+                best, limit = (busy, k), busy - 1
+        return best
 
     def _fits(self, rs: Rank, tokens: int) -> bool:
         busy = len(rs.running) + rs.pending
@@ -199,7 +210,6 @@ class Instance:
             if self.role is None:  # colocated: KV for the prompt, then prefill on this rank
                 rs.reserved += req.prompt
                 rs.pending += 1
-                self._start_busy(now)
                 rs.prefill.append(req)
                 rs.prefill_left += req.prompt - req.done
                 self.prefill_left += req.prompt - req.done
@@ -216,66 +226,84 @@ class Instance:
         would change (its full prefill chunks run out, its KV pool fills). A regime lasts the smallest ``k_exact``,
         stretched toward ``time_quantum_s`` within every rank's ``k_max``: completions inside it are reported at their
         exact iteration times; only the slot and KV they free are reused at the regime's end."""
-        self.version += 1
         chunk, cap = self.perf.chunk, self.cap
         pb, pt, pc = self._p
         db, ds, dc = self._d
         prefills = self.role is not Role.DECODE
         quantum = self.quantum
-        ops, times, bounds = [], [], []
+        ops, times = [], []
+        # One pass: the slowest rank (the first of equal ones), the bounds' minima, the work summed in rank order.
+        period, slowest_op, k_lo, k_hi = -INF, 0, INF, INF
+        work, prefilling = 0.0, 0
         for rs in self.ranks:
-            if rs.prefill and prefills:
+            if prefills and rs.prefill:
                 head = rs.prefill[0]
                 left = rs.prefill_left
                 if left <= chunk:
                     n, k_exact, k_max = left, 1, 1
                 else:
                     n, k_max = chunk, left // chunk
-                    k_exact = min(-(-(head.prompt - head.done) // chunk), k_max)
-                ops.append(n)  # > 0: prefill of n tokens
-                times.append(pb + pt * n + pc * n * (head.done + n / 2))
+                    k_exact = -(-(head.prompt - head.done) // chunk)
+                    if k_exact > k_max:
+                        k_exact = k_max
+                op = n  # > 0: prefill of n tokens (0: only fully cached prompts queued, no chunk to run)
+                t = pb + pt * n + pc * n * (head.done + n / 2)
+                if n > 0:
+                    prefilling += 1
             elif rs.running:
                 batch = len(rs.running)
                 free = cap - rs.context - rs.reserved
-                if free < batch and batch > 1:  # the next step cannot allocate: retract (SGLang retract_decode)
-                    while free < batch and batch > 1:
-                        self._retract(rs)
-                        batch = len(rs.running)
-                        free = cap - rs.context - rs.reserved
-                ops.append(-batch)  # < 0: decode of |n| sequences
-                times.append(db + ds * batch + dc * rs.context)
+                while free < batch and batch > 1:  # the next step cannot allocate: retract (SGLang retract_decode)
+                    self._retract(rs)
+                    batch = len(rs.running)
+                    free = cap - rs.context - rs.reserved
+                op = -batch  # < 0: decode of |n| sequences
+                t = db + ds * batch + dc * rs.context
                 k_exact = rs.finish_heap[0][0] - rs.steps
-                k_max = max(1, free // batch) if batch > 1 else k_exact
+                if batch > 1:
+                    k_max = free // batch
+                    if k_max < 1:
+                        k_max = 1
+                else:
+                    k_max = k_exact
                 if k_exact > k_max:
                     k_exact = k_max
-                elif quantum > 0 and k_max > k_exact:
-                    k_max = min(k_max, rs.finish_max - rs.steps)
-            else:
+                elif quantum > 0 and k_max > k_exact and rs.finish_max - rs.steps < k_max:
+                    k_max = rs.finish_max - rs.steps
+            else:  # idle: waits the whole iteration, adds no work
                 ops.append(0)
                 times.append(0.0)
+                if period < 0.0:
+                    period = 0.0
                 continue
-            bounds.append((k_exact, k_max))
-        if not bounds:
+            ops.append(op)
+            times.append(t)
+            work += t
+            if t > period:
+                period, slowest_op = t, op
+            if k_exact < k_lo:
+                k_lo = k_exact
+            if k_max < k_hi:
+                k_hi = k_max
+        if k_lo == INF:
             self._regime = None
             self.wake_at = INF
             return INF
-        period = max(times)
-        k = min(b[0] for b in bounds)
+        k = k_lo
         if quantum > 0:
             stretch = int(quantum / period)
             if stretch > k:
-                k = min(stretch, min(b[1] for b in bounds))
-        slowest_prefill = ops[times.index(period)] > 0
-        interference = imbalance = work = 0.0
+                k = min(stretch, k_hi)
+        slowest_prefill = slowest_op > 0
+        interference = imbalance = 0.0
         for op, t in zip(ops, times):
-            work += t
             if op == 0:
                 imbalance += period
             elif (op > 0) is slowest_prefill:
                 imbalance += period - t
             else:
                 interference += period - t
-        self._regime = (self.t, period, k, ops, interference, imbalance, work)
+        self._regime = (self.t, period, k, ops, interference, imbalance, work, prefilling)
         self.wake_at = self.t + k * period
         return self.wake_at
 
@@ -287,9 +315,11 @@ class Instance:
             if now > self.t:
                 self.t = now
             return
-        start, period, k, ops, interference, imbalance, work = regime
-        done = min(k, int((now - start) / period + 1e-9))
-        if done <= 0:
+        start, period, k, ops, interference, imbalance, work, prefilling = regime
+        done = int((now - start) / period + 1e-9)
+        if done > k:
+            done = k
+        elif done <= 0:
             return
         self.t = start + done * period
         self.busy_s += done * period
@@ -299,23 +329,33 @@ class Instance:
         self.imbalance_gpu_s += imbalance * gpr
         self._regime = None
         if self._busy is not None:  # θ sample time: the prefilling ranks' busy seconds over the rank count
-            self._busy[4] += done * period * sum(1 for op in ops if op > 0) / len(ops)
+            self._busy[4] += done * period * prefilling / len(ops)
         prefilled, decoded = [], []
-        for rs, op in zip(self.ranks, ops):
+        for rs, op in zip(self.ranks, ops):  # the common cases inline: the head goes on prefilling, nobody finishes
             if op > 0:
-                self._apply_prefill(rs, op, done, prefilled)
+                tokens, head = op * done, rs.prefill[0]
+                if head.prompt - head.done > tokens:
+                    head.done += tokens
+                    rs.prefill_left -= tokens
+                    self.prefill_left -= tokens
+                else:
+                    self._apply_prefill(rs, op, done, prefilled)
             elif op < 0:
-                self._apply_decode(rs, done, decoded)
+                if rs.finish_heap[0][0] > rs.steps + done:
+                    rs.steps += done
+                    rs.context += done * len(rs.running)
+                else:
+                    self._apply_decode(rs, done, decoded)
         if prefilled:
             if len(prefilled) > 1:
-                prefilled.sort(key=lambda e: e[0])
+                prefilled.sort(key=_iteration)
             for it, req in prefilled:
                 self._on_prefilled(self, req, start + it * period)
-            if self._busy is not None and not any(rs.prefill for rs in self.ranks):
+            if self._busy is not None and not any(map(_prefill_queue, self.ranks)):
                 self._close_busy()
         if decoded:
             if len(decoded) > 1:
-                decoded.sort(key=lambda e: e[0])
+                decoded.sort(key=_iteration)
             for it, req in decoded:
                 self._on_decoded(self, req, start + it * period)
 
@@ -328,7 +368,9 @@ class Instance:
         consumed = 0
         while tokens > 0 and queue:
             head = queue[0]
-            take = min(tokens, head.prompt - head.done)
+            take = head.prompt - head.done
+            if take > tokens:
+                take = tokens
             head.done += take
             tokens -= take
             consumed += take
@@ -350,24 +392,24 @@ class Instance:
     def _apply_decode(self, rs: Rank, steps: int, out: list) -> None:
         # O(1) per regime plus O(log B) per finished request: generated counts are settled only when a request leaves.
         first = rs.steps
-        rs.steps += steps
-        rs.context += steps * len(rs.running)
+        last = rs.steps = first + steps
         heap, running = rs.finish_heap, rs.running
-        freed = False
-        while heap and heap[0][0] <= rs.steps:
+        rs.context += steps * len(running)
+        if not heap or heap[0][0] > last:
+            return  # nobody finished (advance does that case inline)
+        while heap and heap[0][0] <= last:
             finish, rid = heapq.heappop(heap)
             req = running.pop(rid)
-            req.generated = min(req.output, req.generated + finish - req.joined_step)
-            rs.context -= req.context + rs.steps - finish  # its KV, and the steps counted for it after it finished
+            generated = req.generated + finish - req.joined_step
+            req.generated = generated if generated < req.output else req.output
+            rs.context -= req.context + last - finish  # its KV, and the steps counted for it after it finished
             out.append((finish - first, req))
             self.n_requests -= 1
-            freed = True
             if self.role is None:  # colocated: the finished sequence stays in the radix cache
                 rs.cache.put(req.owner, req.context, self.room(rs))
-        if freed:
-            if not heap:
-                rs.finish_max = 0
-            self._admit(rs, self.t)
+        if not heap:
+            rs.finish_max = 0
+        self._admit(rs, self.t)
 
     def _retract(self, rs: Rank) -> None:
         """Free KV by retracting the running request with the fewest generated tokens (ties: longest prompt)."""
@@ -395,7 +437,7 @@ class Instance:
 
     # ----- θ busy intervals (prefill instances) -----
     def _start_busy(self, now: float) -> None:
-        if self._busy is None and self.role is Role.PREFILL and not any(rs.prefill for rs in self.ranks):
+        if self._busy is None and self.role is Role.PREFILL and not any(map(_prefill_queue, self.ranks)):
             self._busy = [max(now, self.t), 0, 0, 0, 0.0]
 
     def _close_busy(self) -> None:

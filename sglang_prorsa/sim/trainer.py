@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 from sglang_prorsa.sim.config import RolloutConfig
@@ -159,13 +160,13 @@ class Trainer:
         plan = run.plan
         self._hint(run, EventKind.SAMPLED, t, prompt_tokens=plan.first_prompt_tokens)
         if plan.sandbox_mode is None:
-            self.events.at(t + plan.dispatch_s, lambda t1: self._arrive(run, t1))
+            self.events.at(t + plan.dispatch_s, partial(self._arrive, run))
             return
         t1 = t + plan.dispatch_s
         t2 = t1 + plan.startup_s
         self._hint(run, EventKind.SANDBOX_START, t1, mode=plan.sandbox_mode, prompt_tokens=plan.first_prompt_tokens)
         self._hint(run, EventKind.SANDBOX_READY, t2)
-        self.events.at(t2 + plan.first_request_s, lambda t3: self._arrive(run, t3))
+        self.events.at(t2 + plan.first_request_s, partial(self._arrive, run))
 
     # ----- environment -----
     def _arrive(self, run: TrajectoryRun, t: float) -> None:
@@ -180,12 +181,13 @@ class Trainer:
         t_hint = t + HINT_DELAY_S
         if step.tool is None:
             self._hint(run, EventKind.REWARD_START, t_hint)
-            self.events.at(t_hint + run.plan.reward_s, lambda t1: self._reward_end(run, t1))
+            self.events.at(t_hint + run.plan.reward_s, partial(self._reward_end, run))
             return
         t_end = t_hint + step.tool_s
-        self._hint(run, EventKind.TOOL_START, t_hint, tool=step.tool, turn=run.turn)
-        self._hint(run, EventKind.TOOL_END, t_end)
-        self.events.at(t_end + step.agent_overhead_s, lambda t3: self._next_turn(run, t3))
+        if self.sink is not None:  # checked here too: the hot path of every mode
+            self._hint(run, EventKind.TOOL_START, t_hint, tool=step.tool, turn=run.turn)
+            self._hint(run, EventKind.TOOL_END, t_end)
+        self.events.at(t_end + step.agent_overhead_s, partial(self._next_turn, run))
 
     def _next_turn(self, run: TrajectoryRun, t: float) -> None:
         if run.live:

@@ -10,6 +10,7 @@ or subset of plans a caller asks for.
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass
 
@@ -50,28 +51,30 @@ class WorkloadGenerator:
     def __init__(self, task: TaskProfile, seed: int) -> None:
         self.task = task
         self.seed = seed
-        weights = [t.weight for t in task.tools]
-        self._tool_weights = weights
+        # cumulative once: ``choices`` would accumulate the weights on every call (same floats, same draws)
+        self._tool_cum_weights = list(itertools.accumulate(t.weight for t in task.tools))
 
     def plan(self, index: int, group_id: str | None = None) -> TrajectoryPlan:
         task = self.task
         rng = random.Random(f"{self.seed}/{task.name}/{index}")
         n_turns = max(1, round(task.turns.sample(rng)))
         turns = []
+        tools, cum_weights = task.tools, self._tool_cum_weights
+        output_tokens, overhead_s = task.output_tokens.sample, task.agent_overhead_s.sample
         for k in range(n_turns):
-            out = max(1, round(task.output_tokens.sample(rng)))
-            last = k == n_turns - 1 or not task.tools
+            out = max(1, round(output_tokens(rng)))
+            last = k == n_turns - 1 or not tools
             if last:
                 turns.append(TurnPlan(out, None, 0.0, 0, 0.0))
                 continue
-            tool = rng.choices(task.tools, weights=self._tool_weights)[0]
+            tool = rng.choices(tools, cum_weights=cum_weights)[0]
             turns.append(
                 TurnPlan(
                     out,
                     tool.name,
                     tool.duration_s.sample(rng),
                     max(0, round(tool.result_tokens.sample(rng))),
-                    task.agent_overhead_s.sample(rng),
+                    overhead_s(rng),
                 )
             )
         mode = None

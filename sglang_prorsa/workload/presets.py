@@ -31,7 +31,11 @@ class LogNormal:
     def sample(self, rng: random.Random) -> float:
         if self.sigma <= 0:
             return min(self.hi, max(self.lo, self.median))
-        return min(self.hi, max(self.lo, self.median * math.exp(self.sigma * rng.gauss(0.0, 1.0))))
+        # min(hi, max(lo, x)) spelled out (the plan generator's hot path), returning the same objects
+        x = self.median * math.exp(self.sigma * rng.gauss(0.0, 1.0))
+        if x <= self.lo:
+            x = self.lo
+        return self.hi if x >= self.hi else x
 
     def sample_many(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` independent draws with the distribution of ``sample`` (the floor oracle's Monte Carlo)."""
