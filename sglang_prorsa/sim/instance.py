@@ -148,6 +148,8 @@ class Instance:
         req.rank = rank
         rs = self.ranks[rank]
         self.n_requests += 1
+        if req.done >= req.prompt > 0:  # SGLang matches at most all but the last token: one computes the logits
+            req.done = req.cached = req.prompt - 1
         if self.role is None:
             rs.admit.append(req)
             self._admit(rs, now)

@@ -62,6 +62,17 @@ def test_cached_prefix_is_not_recomputed():
     assert log.prefilled == [(1, pytest.approx(0.1))]
 
 
+def test_a_fully_cached_prompt_still_computes_its_last_token():
+    """A prompt the cache holds whole would otherwise leave a 0-token chunk at the queue head: no iteration could
+    remove it and the rank would re-plan forever (SGLang caps the prefix match at all but the last token)."""
+    log = Log()
+    inst = log.instance(perf())
+    inst.add_prefill(req(1, 2500, 1, done=2500), 0, 0.0)
+    inst.add_prefill(req(2, 500, 1), 0, 0.0)
+    run(inst)
+    assert log.prefilled == [(1, pytest.approx(0.1)), (2, pytest.approx(0.1))]  # one 501-token chunk
+
+
 def test_prefill_on_one_rank_stalls_decode_on_the_other_and_counts_as_interference():
     """§3.2: with DP attention the decoding rank waits for the prefilling rank at every MoE layer."""
     log = Log()
