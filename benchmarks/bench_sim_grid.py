@@ -93,8 +93,25 @@ def _run(job_args: tuple[Job, dict]) -> tuple[Job, dict]:
     return job, out
 
 
+def reused_runs(folders: list[Path]) -> dict[Job, dict]:
+    """Colocated and static runs of earlier grids (their runs_*.json): they do not depend on the controller, so
+    a grid rerun for a controller change needs only its adaptive runs. Adaptive runs are never reused."""
+    out: dict[Job, dict] = {}
+    for path in (p for folder in folders for p in sorted(folder.glob("runs_*.json"))):
+        for entry in json.loads(path.read_text()):
+            job = Job(**{k: v for k, v in entry.items() if k != "result"})
+            if job.mode != "adaptive":
+                out[job] = entry["result"]
+    return out
+
+
 def _map(jobs: list[Job], opts: dict, desc: str) -> dict[Job, dict]:
-    done: dict[Job, dict] = {}
+    reused = opts.get("reused", {})
+    done: dict[Job, dict] = {j: reused[j] for j in jobs if j in reused}
+    jobs = [j for j in jobs if j not in done]
+    if done:
+        print(f"{desc}: {len(done)} colocated / static runs reused from --reuse, {len(jobs)} to run")
+    opts = {k: v for k, v in opts.items() if k != "reused"}  # not shipped to every worker
     with tqdm(total=len(jobs), desc=desc, unit="run") as bar:
         if opts["jobs"] > 1:
             with ProcessPoolExecutor(opts["jobs"]) as pool:
@@ -159,9 +176,11 @@ def summarise(runs: dict[Job, dict], preset: str, staleness: int, groups: int, s
         "prefix_hit": {m: statistics.fmean(r["prefix_hit_ratio"] for r in rs)
                        for m, rs in (("colocated", colo), ("best static", best_runs), ("adaptive", adaptive))},
         "completion_mean_s": {m: statistics.fmean(r["completion_mean_s"] or 0 for r in rs)
+                              if all("completion_mean_s" in r for r in rs) else None  # reused runs may lack it
                               for m, rs in (("colocated", colo), ("best static", best_runs), ("adaptive", adaptive))},
         "hold_reasons": _sum_dicts(r["hold_reasons"] for r in adaptive),
-        "cpu_s": sum(r["cpu_s"] for r in runs.values() if (r["preset"], r["staleness"], r["groups_per_step"]) ==
+        "cpu_s": sum(r["cpu_s"] for r in runs.values()
+                     if (r["preset"], r["staleness"], r.get("groups_per_step", r.get("groups"))) ==
                      (preset, staleness, groups)),
     }
 
@@ -215,6 +234,7 @@ def run_shift(args, opts: dict) -> list[dict]:
     ratios = static_ratios(model, ClusterConfig(gpus=args.gpus, mode="static"))
     jobs = [j for w, k, g in SHIFT for j in cell_jobs(w, k, g, seeds, ratios)]
     runs = _map(jobs, opts, f"{args.model} shifting mix")
+    _checkpoint(args.out / "runs_shift.json", runs)
     return [summarise(runs, w, k, g, seeds, ratios) for w, k, g in SHIFT]
 
 
@@ -228,6 +248,7 @@ def run_wide(args, opts: dict) -> list[dict]:
     ratios = static_ratios(model, ClusterConfig(gpus=args.gpus, mode="static", decode_shape="wide"))
     jobs = [j for w, k, g in WIDE for j in cell_jobs(w, k, g, seeds, ratios, shape="wide")]
     runs = _map(jobs, opts, f"{args.model} wide decode")
+    _checkpoint(args.out / "runs_wide.json", runs)
     return [summarise(runs, w, k, g, seeds, ratios, shape="wide") for w, k, g in WIDE]
 
 
@@ -240,8 +261,9 @@ def _checkpoint(path: Path, runs: dict[Job, dict]) -> None:
 def _slim(job: Job, r: dict) -> dict:
     keep = ("mode", "prefill_instances", "decode_instances", "seed", "steady_step_s", "step_times_s", "switches",
             "switches_paid", "interference_idle_ratio", "imbalance_idle_ratio", "gpu_idle_ratio", "prefix_hit_ratio",
-            "wape_prefill", "wape_decode", "cpu_s", "wall_s", "retractions", "switches_per_step")
-    return {"preset": job.preset, "staleness": job.staleness, "groups": job.groups} | {k: r[k] for k in keep}
+            "wape_prefill", "wape_decode", "cpu_s", "wall_s", "retractions", "switches_per_step", "completion_mean_s",
+            "hold_reasons")
+    return {"preset": job.preset, "staleness": job.staleness, "groups": job.groups} | {k: r[k] for k in keep if k in r}
 
 
 def print_rows(title: str, rows: list[dict]) -> None:
@@ -334,6 +356,9 @@ def main() -> None:
     ap.add_argument("--speed-only", action="store_true",
                     help="measure only the speed; an existing grid.json in --out keeps its grid, only 'speed' changes")
     ap.add_argument("--speed-repeats", type=int, default=3)
+    ap.add_argument("--reuse", nargs="+", type=Path, default=[], metavar="DIR",
+                    help="take colocated and static runs from earlier grids' runs_grid.json (same model, seeds and "
+                         "settings) and run only what is missing: the adaptive runs after a controller change")
     ap.add_argument("--merge", nargs="+", type=Path, default=[], metavar="DIR",
                     help="combine the grids of earlier runs (their --out folders) into one report in --out; runs "
                          "nothing")
@@ -342,7 +367,8 @@ def main() -> None:
     args.loads = {k: tuple(int(x) for x in v.split(",")) for k, v in (a.split("=") for a in args.loads)}
     args.out.mkdir(parents=True, exist_ok=True)
     opts = {"model": args.model, "gpus": args.gpus, "sync_steps": args.sync_steps,
-            "async_measured": args.async_measured, "max_sim_s": args.max_sim_s, "jobs": args.jobs}
+            "async_measured": args.async_measured, "max_sim_s": args.max_sim_s, "jobs": args.jobs,
+            "reused": reused_runs(args.reuse)}
     started = time.perf_counter()
     result: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "model": args.model}
     previous = args.out / "grid.json"

@@ -224,6 +224,9 @@ def _cli(result: dict) -> list[str]:
     loads = ast.literal_eval(args["loads"]) if args.get("loads") else {}
     if loads:
         out.append("--loads " + " ".join(f"{cell}={','.join(str(g) for g in gs)}" for cell, gs in loads.items()))
+    reuse = ast.literal_eval(args["reuse"].replace("PosixPath", "")) if args.get("reuse") else []
+    if reuse:  # colocated and static runs taken from these grids (bench_sim_grid.py --reuse)
+        out.append("--reuse " + " ".join(str(r).split("benchmarks/", 1)[-1] for r in reuse))
     if args.get("out") and "sim_grid_" in str(args.get("out")):
         out.append(f"--out {args['out'].split('benchmarks/', 1)[-1] if 'benchmarks/' in args['out'] else args['out']}")
     return out + (["--shift"] if result.get("shift") else []) + (["--wide"] if result.get("wide") else [])
