@@ -27,7 +27,8 @@ used for Eq. 1, the windows and the cost/gain integration alike.
 
 Beyond the paper (§4.2 switches toward every new target): demand smoothing (exponential, weight ``smoothing`` on the
 newest reading; rises pass at once), backlog vs arrivals, bursts announced ahead, the decode slot demand
-(capacity.decode_slot_demand), prefix-cache pressure on prefill donors, ``paused`` (hold: demand read while the
+(capacity.decode_slot_demand), prefix-cache pressure on prefill donors, what decode holds now (``decode_held``:
+the planner's test for both stages being short), ``paused`` (hold: demand read while the
 trainer paused generation is not demand), and the planner's need / hysteresis / dwell / cost conditions.
 
 ``step(W_P, K_D, reports, profile)`` and ``decide(AllocationInputs, reports)`` keep the earlier call forms; a
@@ -254,13 +255,14 @@ class RoleSwitchController:
         costs = {r.instance_id: switch_cost(r, self.config.cost, 1.0 / theta_cold, m_prefill, reusable)
                  for r in reports if r.status is InstanceStatus.ACTIVE}
         cache_loss = self._cache_loss(control, reports, windows[Role.PREFILL], inputs.theta_p, theta_cold)
+        held = _decode_held(inputs, reports)
         context = PlanContext(self.config.horizon_s, windows[Role.PREFILL], windows[Role.DECODE], costs, paused,
-                              prefill_backlog=backlog, prefill_cache_loss=cache_loss)
+                              prefill_backlog=backlog, prefill_cache_loss=cache_loss, decode_held=held)
         plan = self._planner.plan(reports, allocation, now, context)
         a_s, b_s = self._smoothed or (allocation.prefill_demand, allocation.decode_demand)
         demand = {"prefill": allocation.prefill_demand, "decode": allocation.decode_demand,
                   "prefill_smoothed": a_s, "decode_smoothed": b_s,
-                  "prefill_backlog": backlog, "prefill_cache_loss": cache_loss,
+                  "prefill_backlog": backlog, "prefill_cache_loss": cache_loss, "decode_held": held,
                   "windows": {"prefill": list(windows[Role.PREFILL]), "decode": list(windows[Role.DECODE])}}
         self._last = Decision(now, inputs, allocation, plan, profile, measured, control, theta_cold, demand, costs)
         return self._last
@@ -326,3 +328,10 @@ class RoleSwitchController:
 
     def last_decision(self) -> dict | None:
         return self._last.to_dict() if self._last is not None else None
+
+
+def _decode_held(inputs: AllocationInputs, reports: Sequence[InstanceReport]) -> float:
+    """Decode instances' worth of what decode holds now (running and queued requests): K^D_t / C^D_KV, or the slot
+    demand without the forecast's admissions, whichever is larger. Unlike b it needs no prefill to feed it."""
+    kv = inputs.decode_kv_now / inputs.decode_kv_capacity if inputs.decode_kv_capacity > 0 else 0.0
+    return max(kv, decode_slot_demand(reports, 0.0))
