@@ -5,7 +5,7 @@ of 32 per step; the same as ``bench_sim_grid.py --speed-only``) in a fresh proce
 trees so that load on a shared machine hits both alike. The baseline tree is ``git archive`` of ``--baseline``. Both
 trees must give the same result (simulated steps and switches are compared); only the time may differ.
 
-    python benchmarks/bench_sim_speed.py --baseline 944362f --repeats 3 [--json out.json]
+    python benchmarks/bench_sim_speed.py --baseline 944362f [--current 0a3e0f3] --repeats 3 [--json out.json]
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ print(json.dumps({"cpu_s": time.process_time() - cpu0, "wall_s": time.perf_count
 def export(rev: str, into: Path) -> Path:
     """The package of revision ``rev`` (git archive), unpacked under ``into``."""
     archive = subprocess.run(["git", "archive", rev, "sglang_prorsa"], cwd=ROOT, check=True, capture_output=True)
+    into.mkdir(parents=True, exist_ok=True)
     path = into / "tar"
     path.write_bytes(archive.stdout)
     with tarfile.open(path) as tar:
@@ -58,6 +59,9 @@ def measure(tree: Path, mode: str, p: int, hours: float) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", required=True, help="git revision to compare with, e.g. 944362f")
+    ap.add_argument("--current", default=None,
+                    help="git revision to measure instead of the working tree (e.g. the last one whose results "
+                         "should equal the baseline's, before a change of behaviour)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--hours", type=float, default=1.0, help="simulated hours per measurement")
     ap.add_argument("--json", type=Path, default=None)
@@ -65,7 +69,8 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        trees = {"baseline": export(args.baseline, Path(tmp)), "current": ROOT}
+        trees = {"baseline": export(args.baseline, Path(tmp) / "baseline"),
+                 "current": export(args.current, Path(tmp) / "current") if args.current else ROOT}
         jobs = [(i, mode, p, name) for i in range(args.repeats) for mode, p in MODES for name in trees]
         for i, mode, p, name in tqdm(jobs, desc="simulated hours", unit="run"):
             rows.append({"repeat": i, "mode": mode, "tree": name} | measure(trees[name], mode, p, args.hours))
@@ -85,12 +90,13 @@ def main() -> None:
         print(f"{mode:<10} speed-up (median CPU s) {summary[(mode, 'baseline')] / summary[(mode, 'current')]:.2f}x; "
               f"same result in both trees: {'yes' if len(same) == 1 else 'NO'}")
     if args.json:
-        args.json.write_text(json.dumps({"baseline": args.baseline, "hours": args.hours, "runs": rows}, indent=1))
+        args.json.write_text(json.dumps({"baseline": args.baseline, "current": args.current or "working tree",
+                                         "hours": args.hours, "runs": rows}, indent=1))
     if args.png:
-        draw(rows, args.baseline, args.png)
+        draw(rows, {"baseline": args.baseline, "current": args.current or "current"}, args.png)
 
 
-def draw(rows: list[dict], baseline: str, path: Path) -> None:
+def draw(rows: list[dict], labels: dict[str, str], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -103,7 +109,7 @@ def draw(rows: list[dict], baseline: str, path: Path) -> None:
         mid = [statistics.median(x) for x in rates]
         err = [[m - min(x) for m, x in zip(mid, rates)], [max(x) - m for m, x in zip(mid, rates)]]
         ax.bar([i + 0.4 * j for i in range(len(MODES))], mid, 0.4, yerr=err, capsize=3,
-               label=baseline if name == "baseline" else "current")
+               label=labels[name])
     ax.axhline(100, color="k", ls="--", lw=1, label="target 100")
     ax.set_xticks([i + 0.2 for i in range(len(MODES))], [m for m, _ in MODES])
     ax.set_ylabel("simulated GPU-h per wall-s (128 GPUs)")
