@@ -38,13 +38,13 @@ from tqdm import tqdm
 from sglang_prorsa.sim import plots
 from sglang_prorsa.sim.config import ClusterConfig, RolloutConfig, assumed_parameters, load_model
 from sglang_prorsa.sim.metrics import interval95
+from sglang_prorsa.sim.report import DEFAULT_GRID
 from sglang_prorsa.sim.runner import simulate, static_ratios
 from sglang_prorsa.sim.trainer import clear_plan_cache
 from sglang_prorsa.sim.workloads import default_group_size
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sim_grid"
-PRESETS = ("math", "coding_agent", "general_agent")
-STALENESS = (0, 2, 8)
+PRESETS, STALENESS = DEFAULT_GRID["presets"], DEFAULT_GRID["staleness"]
 # Groups per step per (task, staleness): a load and its half, sized so the top one is GPU-bound (the batch in flight
 # is about (staleness + 1) x groups per step) and each grid fits a few minutes of 2 cores.
 LOADS = {("math", 0): (128, 256), ("math", 2): (32, 64), ("math", 8): (8, 16),

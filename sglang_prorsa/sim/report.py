@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 
-DEFAULT_GRID = {"presets": ("math", "coding_agent", "general_agent"), "staleness": (0, 2, 8)}  # bench_sim_grid.py
+DEFAULT_GRID = {"presets": ("math", "coding_agent", "general_agent"), "staleness": (0, 2, 8)}  # the paper's grid
 SPEED_TARGET = 100.0  # simulated GPU-hours per wall-clock second at 128 GPUs (issue #11)
 
 
@@ -135,8 +135,8 @@ def markdown(result: dict, model: str, assumed: dict[str, str], paper: dict[str,
     runs = [{"args": a} for a in result["merged_from"]] if result.get("merged_from") else [result]
     commands = "; ".join(f"`python benchmarks/bench_sim_grid.py {' '.join(_cli(r))}`" for r in runs)
     lines = [f"# Cluster simulator: {model}", "",
-             f"Produced by {commands} ({result.get('wall_s', 0):.0f} s wall on 2 shared cores). Step times are means over seeds of each "
-             "run's steady step time (asynchronous runs with staleness k run k + 1 warm-up steps first). Best static "
+             f"Produced by {commands} ({result.get('wall_s', 0):.0f} s wall on 2 shared cores). Step times are means "
+             "over seeds of each run's steady step time (asynchronous runs with staleness k run k + 1 warm-up steps first). Best static "
              "= the fastest of *every* static ratio, chosen per cell and load. GPU-bound = the best static step time "
              "grew >= 1.5x over half the load.", ""]
     rows = result.get("rows") or []

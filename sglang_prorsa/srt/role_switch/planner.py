@@ -23,10 +23,9 @@ Within that bound a switch is made only when all of these hold:
      (prefill over its mean demand across the lookahead) by at least ``hysteresis``; its gain is that rise times
      the cluster's GPU-seconds over the lookahead. A move into a short prefill below its target keeps the rule
      above (weighing it by δ too cost the MiMo-like general agent at staleness 8 its burst moves: 0.97 -> 1.34x
-     of best static on one seed). (Before,
-     prefill-first held whenever prefill was short and at its target: in the simulator's DeepSeek-like coding agent
-     at staleness 8, 8 groups, adaptive then sat at 7:1 with one decode instance holding 5x its KV in queue, 14 %
-     slower than static 6:2, while Eq. 1 asked for 5:3 at every tick.);
+     of best static on one seed). (Before, prefill-first held whenever prefill was short and at its target: in
+     the simulator's DeepSeek-like coding agent at staleness 8, 8 groups, adaptive then sat at 7:1 with one decode
+     instance holding 5x its KV in queue, 14 % slower than static 6:2, while Eq. 1 asked for 5:3 at every tick.);
   3. dwell: an instance keeps a new role at least max(``min_dwell_s``, ``dwell_switch_costs`` × its switch time);
   4. pays: the GPU-seconds of needed service gained over ``lookahead_horizons`` horizons exceed the switch's cost
      (downtime, migration of its decode KV, re-prefill of the prefix cache it drops; cost.py). "Needed" counts demand
@@ -290,7 +289,7 @@ class SwitchPlanner:
             # so decode's loss is not counted (its slot demand is a queue prefill keeps filling, not a flow).
             forced = n[dst] < minimum[dst]
             series = cfg.need_based and not forced and dst is Role.DECODE and self._both_short(n, context)
-            upstream = not series and cfg.prefill_first and cfg.need_based and dst is Role.PREFILL and \
+            upstream = cfg.prefill_first and cfg.need_based and dst is Role.PREFILL and \
                 context.demand(Role.PREFILL).coverage(n[dst]) < 1 + cfg.short_margin
             gain = move_gain_gpu_s(n[src], n[dst], len(group), 1, need[src] if not upstream else Demand(
                 (0.0,) * len(need[src].rates)), need[dst], gpus[src], gpus[dst], context.horizon_s)
@@ -305,7 +304,7 @@ class SwitchPlanner:
                 verdict = DONOR_AT_MINIMUM
             elif series and rise < cfg.hysteresis:
                 verdict, held_by_band = WITHIN_BAND, True
-            elif not forced and cfg.need_based and not upstream and not series and \
+            elif not (forced or upstream or series) and cfg.need_based and \
                     not self._clears_band(n, src, len(group), context):
                 verdict, held_by_band = WITHIN_BAND, True
             elif not forced and cfg.cost_aware and gain <= cfg.pay_factor * cost:
@@ -340,9 +339,10 @@ class SwitchPlanner:
 
     @staticmethod
     def _bottleneck_rise(n: dict[Role, int], src: Role, dst: Role, removed: int, context: PlanContext) -> float:
-        """How much the move raises Eq. 1's δ, the lower coverage of the two stages in series, each over its mean
-        demand across the lookahead (the backlog spread over it). Not the worst window: when both stages are
-        short, what neither serves piles up in the last window whatever the split, and that hides the bottleneck."""
+        """How much the move raises Eq. 1's δ, the lower coverage of the two stages in series: prefill over its mean
+        demand across the lookahead (the backlog spread over it), decode over what it holds. Not the worst window:
+        when both stages are short, what neither serves piles up in the last window whatever the split, and that
+        hides the bottleneck."""
         def sustained(role: Role, k: int, removed: int = 0) -> float:
             if role is Role.DECODE:  # what decode holds: the part of its demand no prefill has to feed
                 return k / context.decode_held if context.decode_held > 0 else math.inf
