@@ -215,6 +215,7 @@ class ControlPlaneDriver:
             "a": decision.allocation.prefill_demand, "b": decision.allocation.decode_demand,
             "current": [decision.plan.current[Role.PREFILL], decision.plan.current[Role.DECODE]],
             "target": [decision.allocation.n_prefill, decision.allocation.n_decode],
+            "held": decision.demand["decode_held"],
             "switches": len(decision.plan.switches), "hold": decision.hold_reason})
 
     def reports(self, cluster) -> list[InstanceReport]:

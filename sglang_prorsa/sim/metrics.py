@@ -13,13 +13,16 @@ Switches: ``switches_per_step`` counts them per training step; each executed swi
 expected and its cost, and ``realised_gain_gpu_s``: the same gain formula (cost.py) evaluated with the *measured*
 demand of each following horizon (observed backlog + the arrivals that really came, from the predictor's accuracy
 windows; decode KV now + the admissions that really came) over the planner's lookahead, with the planner's own rule
-that decode capacity taken to feed a short prefill is no loss. A switch "paid" when that realised gain exceeded its
-cost.
+that decode capacity taken to feed a short prefill is no loss, and its rule for a move into decode when both stages
+are short (prefill short of its measured demand, decode short of what it held): the gain is the rise of the
+bottleneck δ = min(n^P/a, n^D/held) times the cluster's GPU-seconds (planner.py, "Both roles short"). A switch "paid"
+when that realised gain exceeded its cost.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 from dataclasses import asdict, dataclass, field
 
@@ -147,7 +150,7 @@ def realised_gains(executed: list[dict], decisions: list[dict], windows: list[di
                    lookahead: int, gpus: dict[str, int], margin: float) -> list[dict]:
     """Each executed switch with ``realised_gain_gpu_s`` and ``paid`` (module docstring)."""
     by_start = {w["start"]: w for w in windows}
-    measured = []  # (t, n_prefill, n_decode, a_real, b_real)
+    measured = []  # (t, n_prefill, n_decode, a_real, b_real, held)
     for d in decisions:
         w = by_start.get(d["t"]) if d["scheduled"] else None
         if w is None:
@@ -155,17 +158,20 @@ def realised_gains(executed: list[dict], decisions: list[dict], windows: list[di
         theta = d["theta_P"]
         a = max(0.0, d["W_P"] + d["untracked"] - w["forecast_arrivals"] + w["realised_arrivals"]) / (horizon_s * theta)
         b = max(d["slot_demand"], (d["K_now"] + w["realised_decode"]) / d["C_KV"])
-        measured.append((d["t"], d["current"][0], d["current"][1], a, b))
+        measured.append((d["t"], d["current"][0], d["current"][1], a, b, d.get("held", 0.0)))
     times = [m[0] for m in measured]
     out = []
     for s in executed:
         start = bisect.bisect_right(times, s["t"])
         end = bisect.bisect_right(times, s["t"] + lookahead * horizon_s)
         gain = 0.0
-        for _, n_p, n_d, a, b in measured[start:end]:
+        for _, n_p, n_d, a, b, held in measured[start:end]:
             n = {"prefill": n_p, "decode": n_d}
             need = {"prefill": a * (1 + margin), "decode": b * (1 + margin)}
             dst, src = s["to"], s["from"]
+            if dst == "decode" and n_p + 1 < a * (1 + margin) and n_d - 1 < held * (1 + margin):
+                gain += horizon_s * _bottleneck_rise(n_p, n_d, a, held) * (n_p * gpus["prefill"] + n_d * gpus["decode"])
+                continue  # both short without the switch: the planner's series rule
             gained = (served(n[dst], need[dst]) - served(n[dst] - 1, need[dst])) * gpus[dst]
             lost = (served(n[src] + 1, need[src]) - served(n[src], need[src])) * gpus[src]
             if dst == "prefill" and n[dst] - 1 < need[dst]:
@@ -173,6 +179,13 @@ def realised_gains(executed: list[dict], decisions: list[dict], windows: list[di
             gain += horizon_s * (gained - lost)
         out.append(s | {"realised_gain_gpu_s": gain, "paid": gain > s["cost_gpu_s"]})
     return out
+
+
+def _bottleneck_rise(n_prefill: int, n_decode: int, a: float, held: float) -> float:
+    """δ with the switch (the measured counts) minus δ without it (one decode instance back in prefill)."""
+    def delta(n_p: int, n_d: int) -> float:
+        return min(n_p / a if a > 0 else math.inf, n_d / held if held > 0 else math.inf)
+    return delta(n_prefill, n_decode) - delta(n_prefill + 1, n_decode - 1)
 
 
 def window_dicts(windows) -> list[dict]:

@@ -78,6 +78,28 @@ def test_realised_gain_uses_measured_demand():
     assert switch["paid"]
 
 
+def test_realised_gain_of_a_move_into_decode_when_both_stages_are_short():
+    # Both short in every window (planner's series rule): prefill measured a = 8 instances (6 + 1 < 8.8), decode held
+    # 4 (3 - 1 < 4.4). With the switch 6:3 delivers δ = min(6/8, 3/4) = 0.75; without it 7:2 delivers min(7/8, 2/4)
+    # = 0.5: a rise of 0.25 of the cluster's 9 x 16 GPUs over each of three 10 s windows. The old per-role rule would
+    # have charged prefill's loss and paid nothing.
+    executed = [{"t": 0.0, "instance": "i0", "from": "prefill", "to": "decode", "gain_gpu_s": 100.0,
+                 "cost_gpu_s": 500.0}]
+    decisions = [{"t": t, "scheduled": True, "W_P": 80_000.0, "untracked": 0.0, "theta_P": 1000.0, "K_now": 4000.0,
+                  "C_KV": 1000.0, "slot_demand": 1.0, "held": 4.0, "current": [6, 3]} for t in (10.0, 20.0, 30.0)]
+    windows = [{"start": t, "forecast_arrivals": 0.0, "realised_arrivals": 0.0, "realised_decode": 0.0}
+               for t in (10.0, 20.0, 30.0)]
+    [switch] = realised_gains(executed, decisions, windows, 10.0, 3, {"prefill": 16, "decode": 16}, 0.1)
+    assert switch["realised_gain_gpu_s"] == pytest.approx(3 * 10 * 0.25 * 9 * 16)
+    assert switch["paid"]
+    # Decode not short of what it held (1 instance's worth): the per-role rule applies, decode gains nothing it
+    # needs and prefill's lost service counts.
+    for d in decisions:
+        d["held"], d["K_now"] = 1.0, 1000.0
+    [switch] = realised_gains(executed, decisions, windows, 10.0, 3, {"prefill": 16, "decode": 16}, 0.1)
+    assert switch["realised_gain_gpu_s"] < 0 and not switch["paid"]
+
+
 def test_compare_writes_every_seed(tmp_path, capsys):
     out = tmp_path / "cmp.json"
     assert cli(["compare", "--preset", "general_agent", "--gpus", "48", "--groups-per-step", "1", "--group-size", "4",
