@@ -76,3 +76,30 @@ def test_a_merged_report_names_every_run_that_made_it():
                     "m", {}, {})
     assert ("Produced by `python benchmarks/bench_sim_grid.py --model m --seeds 4`; `python benchmarks/bench_sim_grid.py "
             "--model m --seeds 4 --presets math --loads math/0=512,1024 math/2=128,256` (30 s wall") in text
+
+
+def test_merging_a_merged_grid_keeps_every_command(tmp_path):
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_sim_grid", Path(__file__).resolve().parents[3] / "benchmarks" / "bench_sim_grid.py")
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(bench)
+    finally:
+        del sys.modules[spec.name]
+    grids = {"merged": {"model": "m", "args": {"out": "x"}, "merged_from": [{"out": "a"}, {"out": "b"}], "wall_s": 2.0},
+             "plain": {"model": "m", "args": {"out": "c"}, "wall_s": 1.0}}
+    for name, grid in grids.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "grid.json").write_text(json.dumps(grid))
+    merged = bench.merge_grids([tmp_path / "merged", tmp_path / "plain"])
+    assert merged["merged_from"] == [{"out": "a"}, {"out": "b"}, {"out": "c"}] and merged["wall_s"] == 3.0
+    grids["plain"]["model"] = "other"
+    (tmp_path / "plain" / "grid.json").write_text(json.dumps(grids["plain"]))
+    with pytest.raises(SystemExit, match="different models"):
+        bench.merge_grids([tmp_path / "merged", tmp_path / "plain"])
