@@ -303,14 +303,16 @@ def measure_speed(args) -> list[dict]:
 
 def merge_grids(folders: list[Path]) -> dict:
     """One result from several runs' grid.json (one model): rows, runs and plotted series side by side, each
-    run's command kept (``merged_from``; a merged grid brings the commands it was merged from). A cell and load in more than one grid is kept once (the first; runs are
-    deterministic, so the copies agree), and GPU-bound is marked again over the merged load ladder."""
+    run's command kept (``merged_from``; a merged grid brings the commands it was merged from). A cell and load in
+    more than one grid is kept once (the first; runs are deterministic, so the copies agree), and GPU-bound is marked
+    again over the merged load ladder."""
     parts = [json.loads((folder / "grid.json").read_text()) for folder in folders]
     models = {p["model"] for p in parts}
     if len(models) != 1:
         raise SystemExit(f"--merge: the grids are of different models {sorted(models)}")
     merged = {"model": models.pop(), "args": parts[0]["args"], "rows": [], "runs": [], "figure9": {}, "roles": {},
-              "merged_from": [a for p in parts for a in p.get("merged_from", [p["args"]])], "wall_s": sum(p.get("wall_s", 0.0) for p in parts)}
+              "merged_from": [a for p in parts for a in p.get("merged_from", [p["args"]])],
+              "wall_s": sum(p.get("wall_s", 0.0) for p in parts)}
     rows, runs = {}, {}
     for p in parts:
         for r in p.get("rows", []):

@@ -170,7 +170,8 @@ def realised_gains(executed: list[dict], decisions: list[dict], windows: list[di
             need = {"prefill": a * (1 + margin), "decode": b * (1 + margin)}
             dst, src = s["to"], s["from"]
             if dst == "decode" and n_p + 1 < a * (1 + margin) and n_d - 1 < held * (1 + margin):
-                gain += horizon_s * _bottleneck_rise(n_p, n_d, a, held) * (n_p * gpus["prefill"] + n_d * gpus["decode"])
+                cluster_gpus = n_p * gpus["prefill"] + n_d * gpus["decode"]
+                gain += horizon_s * _bottleneck_rise(n_p, n_d, a, held) * cluster_gpus
                 continue  # both short without the switch: the planner's series rule
             gained = (served(n[dst], need[dst]) - served(n[dst] - 1, need[dst])) * gpus[dst]
             lost = (served(n[src] + 1, need[src]) - served(n[src], need[src])) * gpus[src]
