@@ -22,11 +22,10 @@ when that realised gain exceeded its cost.
 from __future__ import annotations
 
 import bisect
-import math
 import statistics
 from dataclasses import asdict, dataclass, field
 
-from sglang_prorsa.srt.role_switch.cost import served
+from sglang_prorsa.srt.role_switch.cost import bottleneck_delta, served
 
 
 @dataclass(frozen=True)
@@ -171,7 +170,8 @@ def realised_gains(executed: list[dict], decisions: list[dict], windows: list[di
             dst, src = s["to"], s["from"]
             if dst == "decode" and n_p + 1 < a * (1 + margin) and n_d - 1 < held * (1 + margin):
                 cluster_gpus = n_p * gpus["prefill"] + n_d * gpus["decode"]
-                gain += horizon_s * _bottleneck_rise(n_p, n_d, a, held) * cluster_gpus
+                rise = bottleneck_delta(n_p, n_d, a, held) - bottleneck_delta(n_p + 1, n_d - 1, a, held)
+                gain += horizon_s * rise * cluster_gpus
                 continue  # both short without the switch: the planner's series rule
             gained = (served(n[dst], need[dst]) - served(n[dst] - 1, need[dst])) * gpus[dst]
             lost = (served(n[src] + 1, need[src]) - served(n[src], need[src])) * gpus[src]
@@ -180,13 +180,6 @@ def realised_gains(executed: list[dict], decisions: list[dict], windows: list[di
             gain += horizon_s * (gained - lost)
         out.append(s | {"realised_gain_gpu_s": gain, "paid": gain > s["cost_gpu_s"]})
     return out
-
-
-def _bottleneck_rise(n_prefill: int, n_decode: int, a: float, held: float) -> float:
-    """δ with the switch (the measured counts) minus δ without it (one decode instance back in prefill)."""
-    def delta(n_p: int, n_d: int) -> float:
-        return min(n_p / a if a > 0 else math.inf, n_d / held if held > 0 else math.inf)
-    return delta(n_prefill, n_decode) - delta(n_prefill + 1, n_decode - 1)
 
 
 def window_dicts(windows) -> list[dict]:

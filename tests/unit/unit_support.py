@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from contextlib import asynccontextmanager
+from pathlib import Path
+from types import ModuleType
 from typing import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """A script of ``benchmarks/`` (not a package) imported as module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
 
 
 @asynccontextmanager

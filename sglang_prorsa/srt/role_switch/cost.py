@@ -101,6 +101,13 @@ def served(n: float, demand: float) -> float:
     return min(n, demand) if demand > 0 else 0.0
 
 
+def bottleneck_delta(n_prefill: float, n_decode: float, prefill_demand: float, decode_held: float) -> float:
+    """Eq. 1's δ for two stages in series: the lower of prefill's coverage of its demand and decode's of what it
+    holds (a stage with nothing to serve does not bound it)."""
+    return min(n_prefill / prefill_demand if prefill_demand > 0 else math.inf,
+               n_decode / decode_held if decode_held > 0 else math.inf)
+
+
 @dataclass(frozen=True)
 class Demand:
     """A role's demand over the lookahead windows, in instances: what arrives in each window (``rates``) and the

@@ -51,8 +51,8 @@ from dataclasses import dataclass, field
 
 from sglang_prorsa.srt.role_switch.allocator import Allocation, coverage_of
 from sglang_prorsa.srt.role_switch.capacity import InstanceReport, InstanceStatus, Role, role_counts
-from sglang_prorsa.srt.role_switch.cost import CostConfig, Demand, SwitchCost, move_gain_gpu_s, switch_cost, \
-    switch_seconds
+from sglang_prorsa.srt.role_switch.cost import CostConfig, Demand, SwitchCost, bottleneck_delta, move_gain_gpu_s, \
+    switch_cost, switch_seconds
 
 # Why a plan holds (``SwitchPlan.hold_reason``) or a candidate was refused (``Considered.reason``).
 PAUSED = "paused"  # the trainer paused generation: demand readings mean nothing now
@@ -343,15 +343,15 @@ class SwitchPlanner:
         demand across the lookahead (the backlog spread over it), decode over what it holds. Not the worst window:
         when both stages are short, what neither serves piles up in the last window whatever the split, and that
         hides the bottleneck."""
-        def sustained(role: Role, k: int, removed: int = 0) -> float:
-            if role is Role.DECODE:  # what decode holds: the part of its demand no prefill has to feed
-                return k / context.decode_held if context.decode_held > 0 else math.inf
-            demand = context.demand(role, removed)
-            rate = sum(demand.rates) / len(demand.rates) + demand.backlog / len(demand.rates)
-            return k / rate if rate > 0 else math.inf
-        before = min(sustained(r, n[r]) for r in Role)
-        after = min(sustained(src, n[src] - removed, removed), sustained(dst, n[dst] + 1))
-        return after - before
+        def prefill_rate(removed: int) -> float:
+            demand = context.demand(Role.PREFILL, removed)
+            return sum(demand.rates) / len(demand.rates) + demand.backlog / len(demand.rates)
+        after = dict(n)
+        after[src] -= removed
+        after[dst] += 1
+        before = bottleneck_delta(n[Role.PREFILL], n[Role.DECODE], prefill_rate(0), context.decode_held)
+        return bottleneck_delta(after[Role.PREFILL], after[Role.DECODE],
+                                prefill_rate(removed if src is Role.PREFILL else 0), context.decode_held) - before
 
     def _clears_band(self, n: dict[Role, int], src: Role, removed: int, context: PlanContext) -> bool:
         """Condition 2: the donor's worst coverage after the move stays >= 1 + short_margin + hysteresis."""

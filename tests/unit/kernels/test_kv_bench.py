@@ -7,27 +7,19 @@ device-to-device copy for a large request, and faster than the naive per-layer p
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_kv_export.py"
+from unit_support import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench(kv_bench: bool) -> ModuleType:
     if not kv_bench:
         pytest.skip("microbenchmark: run with --kv-bench or SGLANG_PRORSA_KV_BENCH=1")
-    spec = importlib.util.spec_from_file_location("bench_kv_export", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_kv_export")
 
 
 def test_cpu_export_near_copy_bandwidth(bench: ModuleType) -> None:

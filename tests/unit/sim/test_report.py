@@ -1,11 +1,13 @@
 """The grid report: per-seed intervals, and what they allow us to say about the 1.02 target."""
 
+import json
 import math
 
 import pytest
 
 from sglang_prorsa.sim.metrics import interval95
 from sglang_prorsa.sim.report import markdown
+from unit_support import load_benchmark
 
 
 def test_interval95_is_the_student_t_interval_of_the_mean():
@@ -79,19 +81,7 @@ def test_a_merged_report_names_every_run_that_made_it():
 
 
 def test_merging_a_merged_grid_keeps_every_command(tmp_path):
-    import importlib.util
-    import json
-    import sys
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location(
-        "bench_sim_grid", Path(__file__).resolve().parents[3] / "benchmarks" / "bench_sim_grid.py")
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench  # its dataclasses look their module up
-    try:
-        spec.loader.exec_module(bench)
-    finally:
-        del sys.modules[spec.name]
+    bench = load_benchmark("bench_sim_grid")
     grids = {"merged": {"model": "m", "args": {"out": "x"}, "merged_from": [{"out": "a"}, {"out": "b"}], "wall_s": 2.0},
              "plain": {"model": "m", "args": {"out": "c"}, "wall_s": 1.0}}
     for name, grid in grids.items():

@@ -2,9 +2,6 @@
 engine with (almost) free compute must give: the slowest trajectory's waits, exactly as planned."""
 
 import dataclasses
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -13,17 +10,12 @@ from sglang_prorsa.sim.events import EventQueue
 from sglang_prorsa.sim.runner import simulate
 from sglang_prorsa.sim.trainer import HINT_DELAY_S, Trainer
 from sglang_prorsa.sim.workloads import workload_tasks
-
-BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_rollout.py"
+from unit_support import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_rollout", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_rollout")
 
 
 @pytest.fixture(scope="module")
