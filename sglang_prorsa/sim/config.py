@@ -195,7 +195,7 @@ class ClusterConfig:
     decode_shape: str = "same"  # PD decode instances: "same" as prefill, or the model's "wide" shape (§5.3)
     routing: str = "sglang"  # DP-rank choice: SGLang's default (round robin / bootstrap room) or rank_aware (sticky)
     planner: str = "guarded"  # adaptive: our guarded planner, or "paper" (chase Eq. 1's target, no guard)
-    time_quantum_s: float = 0.25  # instance.py: a regime may run through completions this long (0 = exact)
+    time_quantum_s: float = 0.25  # regime.py: a regime may run through completions this long (0 = exact)
     anticipate: bool = True  # adaptive: announce the re-prefill of a coming weight update (needs train_s > 0)
 
     def __post_init__(self) -> None:

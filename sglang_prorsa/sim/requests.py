@@ -1,4 +1,4 @@
-"""The per-request and per-rank state of a simulated engine instance (instance.py steps them)."""
+"""The per-request and per-rank state of a simulated engine instance (instance.py holds them, regime.py steps them)."""
 
 from __future__ import annotations
 
