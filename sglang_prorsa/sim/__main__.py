@@ -23,7 +23,39 @@ from sglang_prorsa.sim.config import MODES, PLANNERS, ROUTING, ClusterConfig, Ro
     load_model
 from sglang_prorsa.sim.metrics import SimResult
 from sglang_prorsa.sim.runner import simulate, static_ratios
-from sglang_prorsa.sim.workloads import default_group_size
+from sglang_prorsa.sim.workloads import default_group_size, workload_tasks
+
+
+def _at_least(low: float, kind: type = int, strict: bool = False):
+    """An argparse type: a ``kind`` number >= ``low`` (> ``low`` when ``strict``); argparse names the flag on error."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if value < low or (strict and value == low) or value != value:  # value != value: NaN
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse's "invalid <name> value" on other errors
+    return parse
+
+
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Build every configuration a run or compare will use before the first simulation, so that an unknown model or
+    preset, or a cluster too small for the model's instances, is a usage error (exit 2), not a traceback later."""
+    try:
+        model = load_model(args.model)
+        workload_tasks(args.preset)
+        _rollout(args)
+        if args.command == "run":
+            _cluster(args, args.mode).split(model)
+        else:
+            _cluster(args, "colocated").split(model)
+            _cluster(args, "adaptive").split(model)
+            static_ratios(model, _cluster(args, "static", 1))
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        parser.error(f"{args.command}: {exc}")
 
 
 def _rollout(args: argparse.Namespace, seed: int | None = None) -> RolloutConfig:
@@ -131,23 +163,27 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--model", default="mimo_v25_pro", help=f"one of {available_models()} or a JSON path")
         p.add_argument("--preset", default="coding_agent",
-                       help="math | coding_agent | general_agent | research_agent, or a mix like math+coding_agent")
-        p.add_argument("--staleness", type=int, default=0, help="0 = synchronous (on-policy)")
-        p.add_argument("--group-size", type=int, default=0, help="GRPO group (default: 8 math, 32 agentic)")
-        p.add_argument("--groups-per-step", type=int, default=4, help="the load: GRPO groups per training step")
-        p.add_argument("--steps", type=int, default=3)
-        p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--seeds", type=int, default=1, help="repeat over seeds seed .. seed+N-1")
-        p.add_argument("--gpus", type=int, default=128)
-        p.add_argument("--prefill-instances", type=int, default=0)
-        p.add_argument("--horizon", type=float, default=10.0, help="S: forecast horizon and control period")
-        p.add_argument("--min-dwell", type=float, default=30.0)
-        p.add_argument("--hysteresis", type=float, default=0.1, help="absolute coverage band of the planner")
+                       help="math | coding_agent | general_agent | research_agent | document_agent, or a mix like "
+                       "math+coding_agent")
+        p.add_argument("--staleness", type=_at_least(0), default=0, help="0 = synchronous (on-policy)")
+        p.add_argument("--group-size", type=_at_least(0), default=0, help="GRPO group (default: 8 math, 32 agentic)")
+        p.add_argument("--groups-per-step", type=_at_least(1), default=4,
+                       help="the load: GRPO groups per training step")
+        p.add_argument("--steps", type=_at_least(1), default=3)
+        p.add_argument("--seed", type=_at_least(0), default=0)
+        p.add_argument("--seeds", type=_at_least(1), default=1, help="repeat over seeds seed .. seed+N-1")
+        p.add_argument("--gpus", type=_at_least(1), default=128)
+        p.add_argument("--prefill-instances", type=_at_least(0), default=0)
+        p.add_argument("--horizon", type=_at_least(0.0, float, strict=True), default=10.0,
+                       help="S: forecast horizon and control period")
+        p.add_argument("--min-dwell", type=_at_least(0.0, float), default=30.0)
+        p.add_argument("--hysteresis", type=_at_least(0.0, float), default=0.1,
+                       help="absolute coverage band of the planner")
         p.add_argument("--planner", default="guarded", choices=PLANNERS, help="adaptive: guarded, or the paper's")
         p.add_argument("--routing", default="sglang", choices=ROUTING, help="DP-rank choice (cluster.py)")
         p.add_argument("--decode-shape", default="same", choices=("same", "wide"),
                        help="PD decode instances: same shape as prefill, or the model's wide (EP x2) shape")
-        p.add_argument("--max-sim-s", type=float, default=6 * 3600.0)
+        p.add_argument("--max-sim-s", type=_at_least(0.0, float, strict=True), default=6 * 3600.0)
         p.add_argument("--json", help="write results here")
         if name == "run":
             p.add_argument("--mode", default="adaptive", choices=MODES)
@@ -163,8 +199,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command in ("run", "compare"):
+        _check(parser, args)
+        return args.func(args)
+    try:  # fit: a samples file that is missing or malformed, or a server that cannot be reached, is a usage error
+        return args.func(args)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        parser.error(f"fit: {type(exc).__name__}: {exc}")
 
 
 if __name__ == "__main__":

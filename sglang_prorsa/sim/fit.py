@@ -72,8 +72,30 @@ def fit_pd_overhead(pd_samples: list[list[float]], prefill: dict[str, float]) ->
     return max(0.0, extra[len(extra) // 2])
 
 
+SAMPLE_STAGES = ("prefill", "decode", "pd_prefill")
+
+
+def check_samples(samples: object) -> dict[str, list[list[float]]]:
+    """The samples as ``fit_model`` reads them, or ValueError naming the first thing that is not: an object whose
+    ``prefill`` / ``decode`` / ``pd_prefill`` entries (each optional) are lists of [n, context, seconds] numbers."""
+    if not isinstance(samples, dict):
+        raise ValueError(f"samples must be a JSON object with keys {list(SAMPLE_STAGES)}, got {type(samples).__name__}")
+    unknown = sorted(set(samples) - set(SAMPLE_STAGES))
+    if unknown:
+        raise ValueError(f"unknown samples key {unknown[0]!r}; keys: {list(SAMPLE_STAGES)}")
+    for stage, rows in samples.items():
+        if not isinstance(rows, list):
+            raise ValueError(f"samples[{stage!r}] must be a list of [n, context, seconds], got {type(rows).__name__}")
+        for i, row in enumerate(rows):
+            if not (isinstance(row, list) and len(row) == 3 and all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in row)):
+                raise ValueError(f"samples[{stage!r}][{i}] must be [n, context, seconds] of numbers >= 0, got {row!r}")
+    return samples
+
+
 def fit_model(samples: dict[str, list[list[float]]], base: str, origin: str) -> tuple[dict, list[str]]:
     """The base model's config with every stage that has >= 3 samples fitted, and one report line per stage."""
+    samples = check_samples(samples)
     config = load_model(base).to_dict()
     lines = []
     for stage, fitter in (("prefill", fit_prefill), ("decode", fit_decode)):

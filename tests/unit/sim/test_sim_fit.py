@@ -59,3 +59,22 @@ def test_pd_overhead_becomes_the_transfer_latency():
     assert any(line.startswith("PD overhead") for line in lines)
     without = fit_model({k: v for k, v in samples.items() if k != "pd_prefill"}, "tiny_cpu", "test")[0]
     assert without["transfer_latency_s"] == load_model("tiny_cpu").transfer_latency_s
+
+
+@pytest.mark.parametrize("content, says", [
+    (None, "FileNotFoundError"),
+    ("not json", "JSONDecodeError"),
+    ("[]", "samples must be a JSON object"),
+    ('{"prefil": []}', "unknown samples key 'prefil'"),
+    ('{"prefill": 3}', "samples['prefill'] must be a list"),
+    ('{"decode": [[1, 2, 0.1], [1, 2, "a"]]}', "samples['decode'][1] must be [n, context, seconds]"),
+    ('{"prefill": [[1, 2, -0.1]]}', "samples['prefill'][0] must be [n, context, seconds] of numbers >= 0"),
+])
+def test_fit_rejects_a_bad_samples_file_naming_what_is_wrong(tmp_path, capsys, content, says):
+    src, out = tmp_path / "samples.json", tmp_path / "fitted.json"
+    if content is not None:
+        src.write_text(content)
+    with pytest.raises(SystemExit) as exit_info:
+        cli(["fit", "--samples", str(src), "--out", str(out)])
+    assert exit_info.value.code == 2 and says in capsys.readouterr().err
+    assert not out.exists()  # nothing half-written

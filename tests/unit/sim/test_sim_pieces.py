@@ -133,3 +133,21 @@ def test_steady_step_time_counts_every_completion():
                   finish_times=[9.0, 14.0] + [15.5 + 2 * k for k in range(12)])
     assert r.steady_step_s(2) == pytest.approx(8 * 25 / 12)
     assert r.steady_step_s(0) == pytest.approx(10.0)  # no warm-up: the mean step time
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["compare", "--seeds", "0"], "argument --seeds: must be >= 1, got 0"),
+    (["run", "--staleness", "-1"], "argument --staleness: must be >= 0, got -1"),
+    (["compare", "--horizon", "0"], "argument --horizon: must be > 0.0, got 0"),
+    (["run", "--steps", "x"], "argument --steps: 'x' is not an integer"),
+    (["compare", "--preset", "math+nope"], "unknown task 'nope' in workload 'math+nope'"),
+    (["run", "--model", "nope"], "no model config 'nope'"),
+    (["compare", "--gpus", "16"], "16 GPUs hold 1 instances of 16: too few for adaptive"),
+    (["run", "--mode", "static", "--prefill-instances", "8"], "prefill_instances=8 leaves room for 0 decode"),
+])
+def test_cli_rejects_bad_input_naming_it_before_any_run(argv, says, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli(argv)
+    assert exit_info.value.code == 2  # argparse's usage error, no traceback and nothing simulated
+    captured = capsys.readouterr()
+    assert says in captured.err and not captured.out
