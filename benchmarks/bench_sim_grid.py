@@ -335,6 +335,44 @@ def write_readme(path: Path, result: dict, model_name: str) -> None:
     path.write_text(report.markdown(result, model_name, assumed_parameters(load_model(model_name)), PAPER))
 
 
+def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every flag checked before the first run (a grid takes minutes): a usage error names the flag (exit 2)."""
+    for name in ("gpus", "seeds", "sync_steps", "async_measured", "jobs", "speed_repeats"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.seed < 0 or any(k < 0 for k in args.staleness) or not args.max_sim_s > 0:
+        ap.error("--seed and --staleness must be >= 0 and --max-sim-s > 0")
+    try:
+        load_model(args.model)
+    except FileNotFoundError as exc:
+        ap.error(f"--model: {exc}")
+    loads = {}
+    for item in args.loads:
+        key, eq, values = item.partition("=")
+        task, _, staleness = key.partition("/")
+        try:
+            groups = tuple(int(x) for x in values.split(","))
+            if not eq or task not in PRESETS or (staleness and int(staleness) < 0) or min(groups) < 1:
+                raise ValueError
+        except ValueError:
+            ap.error(f"--loads {item!r}: expected TASK=G1,G2 or TASK/STALENESS=G1,G2 with TASK in {list(PRESETS)} "
+                     "and groups >= 1")
+        loads[key] = groups
+    args.loads = loads
+    unknown = [p for p in args.presets if p not in PRESETS]
+    if unknown:
+        ap.error(f"--presets: unknown {unknown[0]!r}; the grid's tasks are {list(PRESETS)}")
+    for p_, k in ((p_, k) for p_ in args.presets for k in args.staleness):
+        if (p_, k) not in LOADS and f"{p_}/{k}" not in loads and p_ not in loads:
+            ap.error(f"no default load for {p_} at staleness {k}: give one with --loads {p_}/{k}=G1,G2")
+    for folder in args.reuse:
+        if not any(folder.glob("runs_*.json")):
+            ap.error(f"--reuse {folder}: no runs_*.json there (a grid's --out folder keeps them)")
+    for folder in args.merge:
+        if not (folder / "grid.json").is_file():
+            ap.error(f"--merge {folder}: no grid.json there")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="mimo_v25_pro")
@@ -366,7 +404,7 @@ def main() -> None:
                          "nothing")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
-    args.loads = {k: tuple(int(x) for x in v.split(",")) for k, v in (a.split("=") for a in args.loads)}
+    check_args(ap, args)
     args.out.mkdir(parents=True, exist_ok=True)
     opts = {"model": args.model, "gpus": args.gpus, "sync_steps": args.sync_steps,
             "async_measured": args.async_measured, "max_sim_s": args.max_sim_s, "jobs": args.jobs,

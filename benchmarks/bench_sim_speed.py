@@ -67,6 +67,12 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--png", type=Path, default=None, help="bars: GPU-hours per wall-second, both trees, per mode")
     args = ap.parse_args()
+    if args.repeats < 1 or not args.hours > 0:
+        ap.error(f"--repeats must be >= 1 and --hours > 0, got {args.repeats} and {args.hours}")
+    for flag, rev in (("--baseline", args.baseline), ("--current", args.current)):
+        if rev is not None and subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+                                              cwd=ROOT, capture_output=True).returncode != 0:
+            ap.error(f"{flag} {rev!r}: not a commit of this repository")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"baseline": export(args.baseline, Path(tmp) / "baseline"),

@@ -93,3 +93,23 @@ def test_merging_a_merged_grid_keeps_every_command(tmp_path):
     (tmp_path / "plain" / "grid.json").write_text(json.dumps(grids["plain"]))
     with pytest.raises(SystemExit, match="different models"):
         bench.merge_grids([tmp_path / "merged", tmp_path / "plain"])
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--seeds", "0"], "--seeds must be >= 1, got 0"),
+    (["--loads", "math=16,x"], "--loads 'math=16,x': expected TASK=G1,G2"),
+    (["--presets", "nope"], "--presets: unknown 'nope'"),
+    (["--staleness", "4"], "no default load for math at staleness 4"),
+    (["--model", "nope"], "--model: no model config 'nope'"),
+    (["--reuse", "{tmp}"], "no runs_*.json there"),
+    (["--merge", "{tmp}"], "no grid.json there"),
+])
+def test_grid_rejects_bad_flags_before_running_anything(tmp_path, monkeypatch, capsys, argv, says):
+    bench = load_benchmark("bench_sim_grid")
+    out = tmp_path / "out"
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    monkeypatch.setattr("sys.argv", ["bench_sim_grid.py", *argv, "--no-speed", "--out", str(out)])
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main()
+    assert exit_info.value.code == 2 and says in capsys.readouterr().err
+    assert not out.exists()  # nothing run, nothing written
