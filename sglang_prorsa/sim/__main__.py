@@ -15,6 +15,7 @@ import dataclasses
 import json
 import statistics
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from tqdm import tqdm
@@ -99,14 +100,40 @@ def _seeds(args: argparse.Namespace) -> list[int]:
     return list(range(args.seed, args.seed + args.seeds))
 
 
+def _simulate_one(job: tuple[str, ClusterConfig, RolloutConfig]) -> SimResult:
+    model, cluster, rollout = job
+    return simulate(load_model(model), cluster, rollout)
+
+
+def _simulate_all(args: argparse.Namespace, jobs: list[tuple[ClusterConfig, RolloutConfig]],
+                  desc: str) -> list[SimResult]:
+    """Every (cluster, rollout) run, in order; over ``--jobs`` worker processes when > 1 (runs are independent and
+    deterministic: the results are the same, only sooner on several cores)."""
+    work = [(args.model, cluster, rollout) for cluster, rollout in jobs]
+    with tqdm(total=len(work), desc=desc, unit="run") as bar:
+        if args.jobs > 1 and len(work) > 1:
+            with ProcessPoolExecutor(min(args.jobs, len(work))) as pool:
+                results = []
+                for result in pool.map(_simulate_one, work, chunksize=1):
+                    results.append(result)
+                    bar.update()
+                return results
+        results = []
+        for job in work:
+            results.append(_simulate_one(job))
+            bar.update()
+        return results
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    model = load_model(args.model)
-    results = []
-    for seed in _seeds(args):
-        rollout = _rollout(args, seed)
-        with tqdm(total=rollout.steps, desc=f"{rollout.preset}/{rollout.label}/{args.mode}/seed {seed}",
+    if args.seeds == 1:  # one run: progress per simulated step
+        rollout = _rollout(args)
+        with tqdm(total=rollout.steps, desc=f"{rollout.preset}/{rollout.label}/{args.mode}/seed {args.seed}",
                   unit="step") as bar:
-            results.append(simulate(model, _cluster(args, args.mode), rollout, on_step=bar.update))
+            results = [simulate(load_model(args.model), _cluster(args, args.mode), rollout, on_step=bar.update)]
+    else:
+        results = _simulate_all(args, [(_cluster(args, args.mode), _rollout(args, seed)) for seed in _seeds(args)],
+                                f"{args.preset}/{_rollout(args).label}/{args.mode}")
     print(_line(results))
     _write(args.json, results)
     return 0
@@ -117,14 +144,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     ratios = static_ratios(model, _cluster(args, "static", 1))
     configs = [("colocated", 0)] + [("static", p) for p in ratios] + [("adaptive", args.prefill_instances)]
-    groups: list[list[SimResult]] = []
-    with tqdm(total=len(configs) * args.seeds, desc=f"{args.preset}/{_rollout(args).label}", unit="run") as bar:
-        for mode, p in configs:
-            runs = []
-            for seed in _seeds(args):
-                runs.append(simulate(model, _cluster(args, mode, p), _rollout(args, seed)))
-                bar.update()
-            groups.append(runs)
+    seeds = _seeds(args)
+    results = _simulate_all(args, [(_cluster(args, mode, p), _rollout(args, seed)) for mode, p in configs
+                                   for seed in seeds], f"{args.preset}/{_rollout(args).label}")
+    groups = [results[i:i + len(seeds)] for i in range(0, len(results), len(seeds))]
     mean = lambda runs: statistics.fmean(r.mean_step_s for r in runs)  # noqa: E731
     statics = [g for g in groups if g[0].mode == "static"]
     best = min(statics, key=lambda g: (any(r.steps_done < args.steps for r in g), mean(g)))
@@ -184,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--decode-shape", default="same", choices=("same", "wide"),
                        help="PD decode instances: same shape as prefill, or the model's wide (EP x2) shape")
         p.add_argument("--max-sim-s", type=_at_least(0.0, float, strict=True), default=6 * 3600.0)
+        p.add_argument("--jobs", type=_at_least(1), default=1,
+                       help="worker processes for the runs (seeds, ratios); the results do not depend on it")
         p.add_argument("--json", help="write results here")
         if name == "run":
             p.add_argument("--mode", default="adaptive", choices=MODES)

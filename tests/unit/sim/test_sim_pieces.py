@@ -151,3 +151,17 @@ def test_cli_rejects_bad_input_naming_it_before_any_run(argv, says, capsys):
     assert exit_info.value.code == 2  # argparse's usage error, no traceback and nothing simulated
     captured = capsys.readouterr()
     assert says in captured.err and not captured.out
+
+
+def test_compare_over_worker_processes_gives_the_same_rows(tmp_path):
+    argv = ["compare", "--preset", "coding_agent", "--gpus", "48", "--groups-per-step", "1", "--group-size", "4",
+            "--staleness", "2", "--steps", "2", "--seeds", "2"]
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    assert cli(argv + ["--json", str(one)]) == 0
+    assert cli(argv + ["--jobs", "2", "--json", str(two)]) == 0
+
+    def rows(path):
+        return [{k: v for k, v in r.items() if k not in ("wall_s", "sim_gpu_hours_per_wall_s")}
+                for r in json.loads(path.read_text())]
+
+    assert rows(one) == rows(two) and len(rows(one)) == 8  # colocated, 2 static ratios, adaptive; 2 seeds each
