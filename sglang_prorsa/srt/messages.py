@@ -40,6 +40,9 @@ class Code(str, enum.Enum):
     TIMEOUT = "timeout"
     RESUME_FAILED = "resume_failed"
     UNSUPPORTED = "unsupported"  # the operation cannot run on this instance's device (e.g. memory release on CPU)
+    # A control tick that cannot be decided (role_switch/capacity.CannotDecide carries the same values).
+    TOO_FEW_INSTANCES = "too_few_instances"  # the healthy instances cannot hold one per role
+    NO_DECODE_CAPACITY = "no_decode_capacity"  # no KV pool known to size decode with
 
 
 # An instance's exit status when its HTTP port was bound by another process before it could bind it (EX_TEMPFAIL):

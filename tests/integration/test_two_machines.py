@@ -17,17 +17,31 @@ from tests_support import ENGINE_FLAGS, LOGPROB_TOL, instances, max_logprob_gap
 pytestmark = pytest.mark.integration
 
 
+HORIZON_S = 4.0
+
+
+def seen_before_attach(url: str) -> dict:
+    """What a controller with no instance yet answers: its horizon everywhere, and a tick that cannot decide."""
+    tick = requests.post(url + "/prorsa/control_tick", timeout=30)
+    return {"info": requests.get(url + "/prorsa/info", timeout=10).json(),
+            "forecast": requests.get(url + "/prorsa/forecast", timeout=10).json(),
+            "tick": (tick.status_code, tick.json()),
+            "decision": requests.get(url + "/prorsa/decision", timeout=10).json()}
+
+
 @pytest.fixture(scope="module")
 def cluster(tiny_model, log_dir):
     port = processes.free_port()
     with ExitStack() as stack:
         controller = processes.start(
             ["--pd-adaptive", "--prorsa-instances", "0", "--prorsa-manual-switch", "--prorsa-min-dwell", "0",
+             "--prorsa-horizon", str(HORIZON_S),  # not the default 10: every consumer must report this one
              "--prorsa-kv-store", "mooncake", "--prorsa-log-dir", str(log_dir / "controller"),
              "--host", processes.LOOPBACK, "--port", str(port), *ENGINE_FLAGS],
             name=f"controller-{port}", port=port, log_dir=log_dir)
         stack.callback(controller.stop)
         controller.wait_ready(timeout=300)
+        controller.before_attach = seen_before_attach(controller.url)
         master = requests.get(controller.url + "/prorsa/info", timeout=10).json()["kv_store"]["mooncake_master"]
 
         def remote(k: int, role: str, attempt: int = 0) -> processes.ServerProcess:
@@ -80,3 +94,21 @@ def test_busy_switch_between_machines_is_exact(cluster):
     assert loaded > 0  # prefixes came back from the Mooncake Store
     roles = {i["instance"]: i["role"] for i in instances(cluster.url)}
     assert roles[before["instance"]] == "prefill"
+
+
+def test_one_horizon_and_a_coded_refusal_before_any_instance_attaches(cluster):
+    """Issue 11: --prorsa-horizon reaches the control plane, the controller and the control interval; a controller
+    with nothing to allocate yet answers a tick with a typed 409, not a 500, and logs no traceback."""
+    seen = cluster.before_attach
+    assert seen["info"]["horizon_s"] == seen["info"]["control_interval_s"] == HORIZON_S
+    assert seen["forecast"]["horizon_s"] == seen["decision"]["horizon_s"] == HORIZON_S
+    status, body = seen["tick"]
+    assert status == 409 and body["code"] == "too_few_instances", body
+    assert seen["decision"]["decision"] is None and seen["decision"]["cannot_decide"]["code"] == "too_few_instances"
+    assert "Traceback" not in cluster.log_path.read_text(errors="replace")
+    # With its instances attached the same controller decides, on the same S.
+    tick = requests.post(cluster.url + "/prorsa/control_tick", timeout=600)
+    assert tick.status_code == 200, tick.text
+    assert tick.json()["decision"]["inputs"]["S"] == tick.json()["forecast"]["horizon_s"] == HORIZON_S
+    exposed = requests.get(cluster.url + "/prorsa/decision", timeout=10).json()
+    assert exposed["horizon_s"] == HORIZON_S and exposed["cannot_decide"] is None

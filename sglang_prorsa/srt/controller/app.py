@@ -32,6 +32,7 @@ from sglang_prorsa.srt.controller.metrics import merge_prometheus
 from sglang_prorsa.srt.controller.orchestrator import Orchestrator, SwitchRefused
 from sglang_prorsa.srt.controller.registry import Registry, State, UnknownInstance
 from sglang_prorsa.srt.controller.router_pools import RouterPools
+from sglang_prorsa.srt.role_switch.capacity import CannotDecide
 from sglang_prorsa.srt.http_utils import coded_error, field_error, json_body
 from sglang_prorsa.srt.lifecycle_routes import make_router
 from sglang_prorsa.srt.forecast.config import PredictorConfig
@@ -116,7 +117,10 @@ def build_app(front: Front) -> FastAPI:
     @app.post("/prorsa/control_tick")
     @admin
     async def control_tick():
-        return await front.loop.tick()
+        try:
+            return await front.loop.tick()
+        except CannotDecide as e:  # e.g. no instance attached yet: nothing to allocate, and why
+            return coded_error(409, Code(e.code), str(e))
 
     @app.post("/prorsa/switch")
     @admin

@@ -18,6 +18,7 @@ from sglang_prorsa.srt.controller.http import Http
 from sglang_prorsa.srt.controller.orchestrator import Orchestrator, SwitchRefused
 from sglang_prorsa.srt.controller.registry import Instance, Registry, State
 from sglang_prorsa.srt.lifecycle.control_plane import LifecycleControlPlane
+from sglang_prorsa.srt.role_switch.capacity import CannotDecide
 from sglang_prorsa.srt.role_switch.controller import ControlInputs, ControllerConfig, RoleSwitchController
 from sglang_prorsa.srt.role_switch.planner import PlannerConfig
 from sglang_prorsa.srt.role_switch.theta import ThetaConfig, ThetaModel, ThetaSample
@@ -51,6 +52,7 @@ class ControlLoop:
                                                self.theta, clock)
         self.decisions = 0
         self.held_ticks = 0
+        self.cannot_decide: dict[str, str] | None = None  # why the last tick could not decide (code, error)
         self.busy_intervals = 0
         self._tasks: list[asyncio.Task] = []
 
@@ -130,6 +132,8 @@ class ControlLoop:
             await asyncio.sleep(self.config.control_interval_s)
             try:
                 await self.tick()
+            except CannotDecide:
+                pass  # logged by tick when the reason changes; the next interval tries again
             except Exception:
                 logger.exception("control tick failed; retrying next interval")
 
@@ -145,7 +149,17 @@ class ControlLoop:
             forecast.prefill_tokens, forecast.decode_kv_tokens,
             prefill_backlog_tokens=min(forecast.prefill_tokens, max(0.0, float(src.backlog))),
             paused=bool(self.control_plane.tracker.paused))
-        decision = self.controller.tick(control, self.registry.reports())
+        try:
+            decision = self.controller.tick(control, self.registry.reports())
+        except CannotDecide as e:
+            if self.cannot_decide is None or self.cannot_decide["code"] != e.code:
+                logger.warning("control tick cannot decide (%s): %s; trying again every %.0f s", e.code, e,
+                               self.config.control_interval_s)
+            self.cannot_decide = {"code": e.code, "error": str(e)}
+            raise
+        if self.cannot_decide is not None:
+            logger.info("control ticks decide again (was: %s)", self.cannot_decide["code"])
+            self.cannot_decide = None
         self.decisions += 1
         executed = []
         for sw in decision.plan.switches:
@@ -158,5 +172,5 @@ class ControlLoop:
     def decision(self) -> dict[str, Any]:
         return {"decision": self.controller.last_decision(), "theta_p": self.controller.theta_snapshot(),
                 "horizon_s": self.config.prorsa_horizon_s, "held_by": self.orchestrator.held_by,
-                "held_ticks": self.held_ticks}
+                "held_ticks": self.held_ticks, "cannot_decide": self.cannot_decide}
 

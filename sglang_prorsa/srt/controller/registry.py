@@ -89,7 +89,9 @@ class Instance:
             inflight_prompt_tokens=0 if decode else self.inflight_prompt_tokens,
             decode_kv_used=self.kv_footprint_tokens if decode else 0,
             decode_kv_capacity=self.kv_capacity_tokens if decode else 0, role_since=self.role_since,
-            running_requests=self.running, queued_requests=self.queued, prefix_cache_tokens=self.prefix_cache_tokens)
+            running_requests=self.running, queued_requests=self.queued, prefix_cache_tokens=self.prefix_cache_tokens,
+            # a prefill instance's radix cache lives in its KV pool (the controller's C^D_KV fallback reads it)
+            prefix_cache_capacity=0 if decode else self.kv_capacity_tokens)
 
 
 class UnknownInstance(KeyError):

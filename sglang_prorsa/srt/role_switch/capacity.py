@@ -93,22 +93,41 @@ class CapacityConfig:
             raise ValueError("profiled_decode_kv_capacity must be positive")
 
 
-def decode_kv_capacity(reports: Iterable[InstanceReport], config: CapacityConfig) -> float:
+class CannotDecide(ValueError):
+    """No allocation can be computed from these reports; ``code`` says why (the front answers 409 with it)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+TOO_FEW_INSTANCES = "too_few_instances"  # the healthy GPUs cannot hold one instance of each role
+NO_DECODE_CAPACITY = "no_decode_capacity"  # no KV pool is known to size decode with
+
+
+def active_decode_pool(reports: Iterable[InstanceReport]) -> int | None:
+    """The smallest KV pool among active decode instances (None: none reports one)."""
+    return min((r.decode_kv_capacity for r in reports
+                if r.role is Role.DECODE and r.status is InstanceStatus.ACTIVE and r.decode_kv_capacity > 0),
+               default=None)
+
+
+def decode_kv_capacity(reports: Iterable[InstanceReport], config: CapacityConfig,
+                       fallback_pool: float | None = None) -> float:
     """C^D_KV: usable KV capacity of one decode instance.
 
     Taken as the smallest pool among active decode instances: Eq. 1 uses a single per-instance capacity, and the
-    smallest one never promises KV room an instance does not have. Falls back to the profiled value when no decode
-    instance is active (e.g. all are switching)."""
-    pools = [
-        r.decode_kv_capacity
-        for r in reports
-        if r.role is Role.DECODE and r.status is InstanceStatus.ACTIVE and r.decode_kv_capacity > 0
-    ]
-    if pools:
-        return min(pools) * config.usable_fraction
-    if config.profiled_decode_kv_capacity is None:
-        raise ValueError("no active decode instance reports a KV pool and no profiled capacity is configured")
-    return config.profiled_decode_kv_capacity * config.usable_fraction
+    smallest one never promises KV room an instance does not have. When no decode instance is active (all switching,
+    or the only one died) it falls back to the profiled value, else to ``fallback_pool`` (the controller passes the
+    last pool it saw, or a prefill instance's pool: the same engines, the same KV pool), else raises
+    ``CannotDecide``."""
+    pool = active_decode_pool(reports)
+    if pool is None:
+        pool = config.profiled_decode_kv_capacity if config.profiled_decode_kv_capacity is not None else fallback_pool
+    if pool is None or not pool > 0:
+        raise CannotDecide(NO_DECODE_CAPACITY, "no active decode instance reports a KV pool, none was seen before "
+                                               "and no profiled capacity is configured")
+    return pool * config.usable_fraction
 
 
 def decode_kv_footprint(reports: Iterable[InstanceReport]) -> int:

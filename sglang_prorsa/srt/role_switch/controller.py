@@ -31,6 +31,10 @@ newest reading; rises pass at once), backlog vs arrivals, bursts announced ahead
 the planner's test for both stages being short), ``paused`` (hold: demand read while the
 trainer paused generation is not demand), and the planner's need / hysteresis / dwell / cost conditions.
 
+A tick that cannot be decided raises ``CannotDecide`` (capacity.py) with a code: ``too_few_instances`` (the healthy
+GPUs cannot hold one instance per role: a front whose instances have not attached yet) or ``no_decode_capacity`` (no
+KV pool known to size decode with; once one was seen, or a prefill instance reports its pool, it is used).
+
 ``step(W_P, K_D, reports, profile)`` and ``decide(AllocationInputs, reports)`` keep the earlier call forms; a
 ``ThroughputEstimator`` (the bucketed θ of throughput.py) is still accepted in place of the θ model.
 """
@@ -44,10 +48,13 @@ from dataclasses import asdict, dataclass, field
 
 from sglang_prorsa.srt.role_switch.allocator import Allocation, AllocationInputs, AllocatorConfig, allocate
 from sglang_prorsa.srt.role_switch.capacity import (
+    TOO_FEW_INSTANCES,
+    CannotDecide,
     CapacityConfig,
     InstanceReport,
     InstanceStatus,
     Role,
+    active_decode_pool,
     decode_kv_capacity,
     decode_kv_footprint,
     decode_slot_demand,
@@ -176,6 +183,7 @@ class RoleSwitchController:
         self._clock = clock or WallClock()
         self._planner = SwitchPlanner(config.planner, config.cost)
         self._smoothed: tuple[float, float] | None = None  # (a, b) in instances
+        self._seen_decode_pool: int | None = None  # the last active decode pool reported (C^D_KV's fallback)
         self._last: Decision | None = None
 
     # ----- θ -----
@@ -204,7 +212,9 @@ class RoleSwitchController:
     # ----- a tick -----
     def tick(self, control: ControlInputs, reports: Sequence[InstanceReport],
              profile: WorkloadProfile | None = None) -> Decision:
-        """Forecast numbers + reports -> Eq. 1 -> guarded plan, logged."""
+        """Forecast numbers + reports -> Eq. 1 -> guarded plan, logged (``CannotDecide`` when there is nothing to
+        allocate: too few instances, or no KV pool known)."""
+        budget = self._budget(reports)
         theta_mix, theta_cold, measured = self._theta(profile)
         warm = control.prefill_tokens_forecast - control.cold_prefill_tokens
         busy_s = warm / theta_mix + control.cold_prefill_tokens / theta_cold
@@ -219,9 +229,31 @@ class RoleSwitchController:
             prefill_tokens_forecast=control.prefill_tokens_forecast, horizon_s=self.config.horizon_s,
             theta_p=theta_eff, decode_kv_now=decode_kv_footprint(reports),
             decode_kv_forecast=control.decode_kv_forecast,
-            decode_kv_capacity=decode_kv_capacity(reports, self.config.capacity), gpu_budget=gpu_budget(reports),
+            decode_kv_capacity=self._decode_capacity(reports), gpu_budget=budget,
             decode_slot_demand=decode_slot_demand(reports, requests))
         return self._decide(inputs, reports, profile, control, theta_cold, measured, theta_mix)
+
+    def _budget(self, reports: Sequence[InstanceReport]) -> int:
+        """G, or ``CannotDecide`` when it cannot hold the minimum of each role (a front with no instance attached
+        yet, or with all but one dead): there is nothing to allocate, and the caller is told why."""
+        budget, alloc = gpu_budget(reports), self.config.allocator
+        need = alloc.gpus_per_prefill * alloc.min_prefill + alloc.gpus_per_decode * alloc.min_decode
+        if budget < need:
+            raise CannotDecide(TOO_FEW_INSTANCES, f"{budget} healthy GPUs cannot hold {alloc.min_prefill} prefill "
+                                                  f"and {alloc.min_decode} decode instance(s) ({need} GPUs)")
+        return budget
+
+    def _decode_capacity(self, reports: Sequence[InstanceReport]) -> float:
+        """C^D_KV. With no active decode instance (all switching, or the only one died) the pool last seen on one,
+        else a prefill instance's prefix-cache pool (the same engines hold the same pool), so that the planner can
+        still move an instance into an empty decode role."""
+        pool = active_decode_pool(reports)
+        if pool is not None:
+            self._seen_decode_pool = pool
+        fallback = self._seen_decode_pool
+        if fallback is None:
+            fallback = max((r.prefix_cache_capacity for r in reports if r.prefix_cache_capacity > 0), default=None)
+        return decode_kv_capacity(reports, self.config.capacity, fallback)
 
     def step(self, prefill_tokens_forecast: float, decode_kv_forecast: float, reports: Sequence[InstanceReport],
              profile: WorkloadProfile | None = None) -> Decision:
@@ -232,10 +264,11 @@ class RoleSwitchController:
                     reports: Sequence[InstanceReport], profile: WorkloadProfile | None = None) -> AllocationInputs:
         """Eq. 1's inputs as ``tick`` assembles them (no slot demand, no cold part)."""
         theta_mix, _, _ = self._theta(profile)
+        budget = self._budget(reports)
         return AllocationInputs(
             prefill_tokens_forecast=prefill_tokens_forecast, horizon_s=self.config.horizon_s, theta_p=theta_mix,
             decode_kv_now=decode_kv_footprint(reports), decode_kv_forecast=decode_kv_forecast,
-            decode_kv_capacity=decode_kv_capacity(reports, self.config.capacity), gpu_budget=gpu_budget(reports))
+            decode_kv_capacity=self._decode_capacity(reports), gpu_budget=budget)
 
     def decide(self, inputs: AllocationInputs, reports: Sequence[InstanceReport],
                profile: WorkloadProfile | None = None, control: ControlInputs | None = None) -> Decision:

@@ -213,3 +213,46 @@ def noisy_small_demand_trace(planner: PlannerConfig, ticks=60, seed=0) -> int:
 def test_noisy_small_demand_used_to_flap_and_now_holds():
     assert noisy_small_demand_trace(PlannerConfig.unguarded()) >= 20
     assert noisy_small_demand_trace(PlannerConfig()) == 0
+
+
+# ----- ticks that cannot be decided, and an empty decode role -----
+from sglang_prorsa.srt.messages import Code  # noqa: E402
+from sglang_prorsa.srt.role_switch.capacity import (  # noqa: E402
+    NO_DECODE_CAPACITY,
+    TOO_FEW_INSTANCES,
+    CannotDecide,
+    InstanceStatus,
+)
+
+
+def test_too_few_instances_cannot_be_decided_and_says_so():
+    controller = RoleSwitchController(ControllerConfig(), flat_theta(), ManualClock(0.0))
+    for reports in ([], small_cluster(1, 0),
+                    [InstanceReport("p0", P), InstanceReport("d0", D, status=InstanceStatus.UNHEALTHY)]):
+        with pytest.raises(CannotDecide) as info:
+            controller.tick(ControlInputs(1000, 0), reports)
+        assert info.value.code == TOO_FEW_INSTANCES == Code.TOO_FEW_INSTANCES.value
+    assert controller.last_decision() is None
+
+
+def test_without_any_known_kv_pool_decode_cannot_be_sized():
+    controller = RoleSwitchController(ControllerConfig(), flat_theta(), ManualClock(0.0))
+    switching = InstanceReport("d0", D, status=InstanceStatus.SWITCHING)  # reports no pool while switching
+    with pytest.raises(CannotDecide) as info:
+        controller.tick(ControlInputs(1000, 0), [InstanceReport("p0", P), InstanceReport("p1", P), switching])
+    assert info.value.code == NO_DECODE_CAPACITY == Code.NO_DECODE_CAPACITY.value
+    # A prefill instance's pool (same engines, same pool) is enough to size decode with.
+    prefill = [InstanceReport(f"p{i}", P, prefix_cache_capacity=50_000) for i in range(2)]
+    decision = controller.tick(ControlInputs(1000, 0), [*prefill, switching])
+    assert decision.inputs.decode_kv_capacity == pytest.approx(50_000 * controller.config.capacity.usable_fraction)
+
+
+def test_the_only_decode_instance_dying_is_refilled_from_prefill():
+    """Before, a tick with no active decode instance raised (no profiled capacity in the front), so the planner never
+    moved an instance into the empty decode role; now it sizes decode with the pool it last saw and refills it."""
+    controller = RoleSwitchController(ControllerConfig(), flat_theta(), ManualClock(0.0))
+    controller.tick(ControlInputs(2000, 50_000), small_cluster(3, 1))  # sees d0's 100k pool
+    dead = InstanceReport("d0", D, status=InstanceStatus.UNHEALTHY, decode_kv_capacity=0)
+    decision = controller.tick(ControlInputs(2000, 50_000), [*small_cluster(3, 0), dead])
+    assert decision.inputs.decode_kv_capacity == pytest.approx(100_000 * controller.config.capacity.usable_fraction)
+    assert [(s.instance_id, s.dst) for s in decision.plan.switches][:1] == [("p0", D)]
