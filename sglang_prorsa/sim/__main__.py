@@ -16,6 +16,7 @@ import json
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 
 from tqdm import tqdm
@@ -110,17 +111,12 @@ def _simulate_all(args: argparse.Namespace, jobs: list[tuple[ClusterConfig, Roll
     """Every (cluster, rollout) run, in order; over ``--jobs`` worker processes when > 1 (runs are independent and
     deterministic: the results are the same, only sooner on several cores)."""
     work = [(args.model, cluster, rollout) for cluster, rollout in jobs]
-    with tqdm(total=len(work), desc=desc, unit="run") as bar:
-        if args.jobs > 1 and len(work) > 1:
-            with ProcessPoolExecutor(min(args.jobs, len(work))) as pool:
-                results = []
-                for result in pool.map(_simulate_one, work, chunksize=1):
-                    results.append(result)
-                    bar.update()
-                return results
+    workers = min(args.jobs, len(work))
+    with tqdm(total=len(work), desc=desc, unit="run") as bar, \
+            (ProcessPoolExecutor(workers) if workers > 1 else nullcontext()) as pool:
         results = []
-        for job in work:
-            results.append(_simulate_one(job))
+        for result in (pool.map(_simulate_one, work, chunksize=1) if pool else map(_simulate_one, work)):
+            results.append(result)
             bar.update()
         return results
 
@@ -193,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--groups-per-step", type=_at_least(1), default=4,
                        help="the load: GRPO groups per training step")
         p.add_argument("--steps", type=_at_least(1), default=3)
-        p.add_argument("--seed", type=_at_least(0), default=0)
+        p.add_argument("--seed", type=int, default=0)
         p.add_argument("--seeds", type=_at_least(1), default=1, help="repeat over seeds seed .. seed+N-1")
         p.add_argument("--gpus", type=_at_least(1), default=128)
         p.add_argument("--prefill-instances", type=_at_least(0), default=0)
