@@ -48,6 +48,13 @@ class ProrsaConfig:
     prorsa_advertise_url: str = ""  # how others reach this instance (default http://--host:--port)
     prorsa_instance_host: str = "127.0.0.1"  # where a front starts its instances
     prorsa_cpu_threads: int = 0  # torch threads per instance without CUDA (0: the host's cores shared out)
+    prorsa_test_crash_on_tokens: str = ""  # TESTING ONLY: "7,8,9" makes a scheduler raise on a prompt holding them
+
+    @property
+    def crash_marker(self) -> tuple[int, ...]:
+        """The token sequence of --prorsa-test-crash-on-tokens (validated by ``validate``)."""
+        text = self.prorsa_test_crash_on_tokens.strip()
+        return tuple(int(t) for t in text.split(",")) if text else ()
 
     @property
     def mode(self) -> Mode:
@@ -105,6 +112,9 @@ class ProrsaConfig:
                                                         "or 0 to serve only instances that register by URL")
             if self.prorsa_instances and not 1 <= self.prorsa_initial_prefill < self.prorsa_instances:
                 raise ConfigError("--prorsa-initial-prefill", "must be between 1 and --prorsa-instances - 1")
+        if self.prorsa_test_crash_on_tokens.strip() and not re.fullmatch(
+                r"\s*\d{1,9}(\s*,\s*\d{1,9})*\s*", self.prorsa_test_crash_on_tokens):
+            raise ConfigError("--prorsa-test-crash-on-tokens", "expected token ids separated by commas, e.g. 7,8,9")
         if self.prorsa_cpu_threads < 0:
             raise ConfigError("--prorsa-cpu-threads", "must be >= 0 (0: automatic)")
         if self.prorsa_horizon_s <= 0:
@@ -164,6 +174,9 @@ _HELP = {
     "prorsa_instance_id": "Name of this instance in the controller's registry (default: its URL).",
     "prorsa_advertise_url": "URL others use to reach this instance (default: http://--host:--port).",
     "prorsa_instance_host": "Address a front binds the instances it starts to (default: 127.0.0.1).",
+    "prorsa_test_crash_on_tokens": "TESTING ONLY: every prefill or colocated scheduler raises (and its instance dies) "
+    "when it receives a prompt holding these token ids in a row (e.g. 7,8,9): how the poison-request containment is "
+    "tested. Never set it in production.",
     "prorsa_cpu_threads": "Torch intra-op threads of each engine instance on a host without CUDA (default 0: a "
     "front shares the host's cores among the instances it starts, at least 1 each; a single server or a "
     "registering instance keeps torch's default, all cores). Instances that each run an OpenMP team over the same "

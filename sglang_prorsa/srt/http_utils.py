@@ -21,11 +21,23 @@ UPSTREAM_KEEPALIVE_S = 4.0
 async def post_fresh(session: Any, url: str, **kwargs: Any) -> Any:
     """``session.post``, sent once more when the first try fails before any answer because the server had already
     closed the pooled connection (the request never reached it; the second try opens a new connection). An error
-    once the answer began is not retried: the instance then had the request."""
+    once the answer began is not retried: the instance then had the request. When the second try finds nothing
+    listening, the first failure is what is raised: the instance died holding the request."""
     try:
         return await session.post(url, **kwargs)
-    except aiohttp.ServerDisconnectedError:
-        return await session.post(url, **kwargs)
+    except aiohttp.ServerDisconnectedError as first:
+        try:
+            return await session.post(url, **kwargs)
+        except aiohttp.ClientConnectorError:
+            raise first from None  # the server is gone: it died with the request (``died_serving``), not idle
+
+
+def died_serving(e: BaseException) -> bool:
+    """The instance went away after it had the request (the connection dropped, the answer broke off), unlike a
+    connection it refused, which it never had."""
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return False
+    return isinstance(e, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError))
 
 
 def field_error(field: str, message: str, status: int = 422, detail: Any = None) -> JSONResponse:

@@ -17,6 +17,11 @@ from typing import Any
 ROLE_HEADER = "X-Prorsa-Role"  # which half of a PD pair a request is (our front and resumes send it)
 ROUTE_HEADER = "X-Prorsa-Route"  # on a front's answer: the instances it sent the request to ("P/D", or "I")
 RESUME_HEADER = "X-Prorsa-Resume"  # a continuation, not a new request (the lifecycle must not count it again)
+# How many instances died while serving this request so far (a retry's or continuation's count, issue 29).
+LOST_HEADER = "X-Prorsa-Lost"
+# A request on which this many instances died is a suspected poison request: answered with SUSPECTED_POISON instead
+# of being sent again, so it reaches at most one instance after the first it killed.
+MAX_DEATHS = 2
 
 
 class Code(str, enum.Enum):
@@ -40,6 +45,7 @@ class Code(str, enum.Enum):
     TIMEOUT = "timeout"
     RESUME_FAILED = "resume_failed"
     UNSUPPORTED = "unsupported"  # the operation cannot run on this instance's device (e.g. memory release on CPU)
+    SUSPECTED_POISON = "suspected_poison"  # MAX_DEATHS instances died serving this request: not sent again
     # A control tick that cannot be decided (role_switch/capacity.CannotDecide carries the same values).
     TOO_FEW_INSTANCES = "too_few_instances"  # the healthy instances cannot hold one per role
     NO_DECODE_CAPACITY = "no_decode_capacity"  # no KV pool known to size decode with
@@ -150,6 +156,7 @@ class MigratedRequest:
     bootstrap_host: str | None = None
     bootstrap_port: int | None = None
     weight_versions: list[tuple[str, int, int]] = field(default_factory=list)
+    deaths: int = 0  # instances that died serving it (its prefill instance died: 1); see MAX_DEATHS
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

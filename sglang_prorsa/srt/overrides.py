@@ -139,13 +139,15 @@ def _add_scheduler_mixin() -> bool:
     return True
 
 
-def wrap_method(owner: Any, name: str, make: Callable[[Callable], Callable]) -> bool:
-    """Replace ``owner.name`` by ``make(original)`` once per process; the wrapper must call the original."""
+def wrap_method(owner: Any, name: str, make: Callable[[Callable], Callable], tag: str = "") -> bool:
+    """Replace ``owner.name`` by ``make(original)`` once per process and ``tag``; the wrapper must call the original.
+    Wrappers of one method with different tags stack (the one applied last runs first)."""
     original = getattr(owner, name)
-    if getattr(original, "_prorsa_wrapped", False):
+    tags = getattr(original, "_prorsa_wrapped", frozenset())
+    if tag in tags:
         return True
     wrapped = functools.wraps(original)(make(original))
-    wrapped._prorsa_wrapped = True
+    wrapped._prorsa_wrapped = frozenset(tags | {tag})
     setattr(owner, name, wrapped)
     return True
 
@@ -155,6 +157,7 @@ def _wrap_process_input_requests() -> bool:
 
     def make(original):
         def process_input_requests(self, recv_reqs):
+            self.prorsa_test_crash(recv_reqs)  # a no-op unless --prorsa-test-crash-on-tokens was given
             out = original(self, recv_reqs)
             # Between two forward passes: the only point where a busy switch may touch batches, queues and the pool.
             self.prorsa_poll()
@@ -185,6 +188,22 @@ def _wrap_generate_request() -> bool:
     from sglang_prorsa.srt.engine.hooks import wrap_generate_request
 
     return wrap_method(TokenizerManager, "generate_request", wrap_generate_request)
+
+
+def _wrap_generate_request_guard() -> bool:
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    from sglang_prorsa.srt.engine.hooks import wrap_generate_request_guard
+
+    return wrap_method(TokenizerManager, "generate_request", wrap_generate_request_guard, tag="guard")
+
+
+def _wrap_validate_one_request() -> bool:
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    from sglang_prorsa.srt.engine.hooks import wrap_validate_one_request
+
+    return wrap_method(TokenizerManager, "_validate_one_request", wrap_validate_one_request)
 
 
 def _wrap_control_method(name: str) -> bool:
@@ -272,6 +291,32 @@ def _register_builtin() -> None:
             "(srt/engine/hooks.py)."
         ),
         apply=_wrap_generate_request,
+    ))
+    REGISTRY.register(Override(
+        name="tokenizer_manager_refuse_scheduler_crashers",
+        target="sglang.srt.managers.tokenizer_manager:TokenizerManager.generate_request",
+        kind="wrapped method",
+        reason=(
+            "SGLang sends some malformed generation requests on to the scheduler, where they raise and kill it with "
+            "every request it holds (a list bootstrap_room on a single prompt, token ids outside the vocabulary, a "
+            "per-prompt field given as a list on a single prompt, top_logprobs_num above the vocabulary); others end "
+            "in a 500 (a sampling parameter of the wrong type). The wrapper refuses them first, a ValueError that "
+            "SGLang's routes answer with 400 naming the field, on every instance and route, then runs SGLang's method "
+            "unchanged (srt/engine/request_guard.py). Applied after hand_on_at_arrival, so it runs first."
+        ),
+        apply=_wrap_generate_request_guard,
+    ))
+    REGISTRY.register(Override(
+        name="tokenizer_manager_refuse_empty_tokenized_prompt",
+        target="sglang.srt.managers.tokenizer_manager:TokenizerManager._validate_one_request",
+        kind="wrapped method",
+        reason=(
+            "A text prompt that tokenizes to no tokens (\"\" without a BOS token, alone or inside a batch) reaches "
+            "the scheduler as a 0-token prefill, whose forward raises and kills it (found by the generation fuzz). "
+            "SGLang calls this method for every tokenized prompt, single or batched; the wrapper refuses an empty "
+            "one with a 400 naming the field, then runs SGLang's method unchanged (srt/engine/request_guard.py)."
+        ),
+        apply=_wrap_validate_one_request,
     ))
     REGISTRY.register(Override(
         name="tokenizer_manager_resume_in_engine",

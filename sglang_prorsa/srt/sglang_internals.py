@@ -36,6 +36,12 @@ CLASS_LEVEL: tuple[tuple[str, str], ...] = (
     ("sglang.srt.managers.tokenizer_manager:TokenizerManager._tokenize_one_request", "wrapped: keeps a text "
                                                                                     "prompt's ids"),
     ("sglang.srt.managers.tokenizer_manager:TokenizerManager.pd_role_switch", "SGLang's idle role flip"),
+    ("sglang.srt.managers.tokenizer_manager:TokenizerManager._validate_one_request", "wrapped: refuses a prompt "
+                                                                                    "empty once tokenized"),
+    ("sglang.srt.managers.tokenizer_manager:TokenizerManager.config_value", "the weight version in our answers"),
+    ("sglang.srt.managers.tokenizer_manager:TokenizerManager.create_abort_task", "reads is_single: set on refusal"),
+    ("sglang.srt.managers.io_struct:BatchTokenizedGenerateReqInput.batch", "test crash marker: a batch's requests"),
+    ("sglang.srt.sampling.sampling_params:SamplingParams.verify", "the request guard verifies sampling parameters"),
     ("sglang.srt.managers.tokenizer_manager:TokenizerManager._handle_abort_finish_reason", "the raise of a finished "
                                                                                         "abort hooks.py continues"),
     ("sglang.srt.managers.tokenizer_manager:TokenizerManager._tokenize_texts", "a text prompt's ids for a request "

@@ -81,7 +81,9 @@ def build_app(front: Front) -> FastAPI:
         await front.orchestrator.push_peers()
         await front.orchestrator.sync_router()
         yield
+        front.health.stop()  # first: no instance restarts any more, and one still loading ends its process
         await front.loop.stop()
+        await front.health.restarts_ended()
         front.control_plane.stop()
         await front.relay.close()
         await front.http.close()
@@ -108,7 +110,7 @@ def build_app(front: Front) -> FastAPI:
     @app.get("/prorsa/instances")
     async def instances():
         return {"instances": [i.describe() for i in front.registry], "switches": list(front.orchestrator.history),
-                "version": front.registry.version}
+                "version": front.registry.version, "failures": _failures(front)}
 
     @app.get("/prorsa/decision")
     async def decision():
@@ -226,6 +228,12 @@ def _check_registration(body: dict) -> tuple[str, str] | None:
     if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536):
         return "bootstrap_port", "must be a port number"
     return None
+
+
+def _failures(front: Front) -> dict[str, int]:
+    """What has failed since the front started, as counts (one key per kind of failure; add new kinds here)."""
+    return {"lost": front.health.lost_total, "restarts": front.health.restarts,
+            "suspected_poison": front.relay.stats["suspected_poison"]}
 
 
 def _front_metrics(front: Front) -> str:

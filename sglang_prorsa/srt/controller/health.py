@@ -7,12 +7,16 @@
   held died with their connections, and the relay or router that sent them retries them.
 - *Bring it back*: an instance started here is restarted with the same spec; when it answers it rejoins the pools
   with a new epoch (decode instances then forget its old transfer endpoints).
+- *Stop with the front* (issue 29): once the front is told to stop (``stop``) no restart starts, and one still
+  loading ends its process instead of keeping the front's shutdown waiting for it; every process a restart started
+  is kept in ``started``, so the front's last act can end them all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +43,19 @@ class Health:
         self.restarts = 0
         self.lost_total = 0
         self._restarting: set[str] = set()
+        self.started: list[Any] = []  # every process a restart started, ended or not
+        self.stopping = threading.Event()  # set once: the front is stopping
+        self._restart_tasks: set[asyncio.Task] = set()
+
+    def stop(self) -> None:
+        """The front is stopping: no restart starts from now on, and one waiting for its process to load ends that
+        process (its waiting thread wakes at once). Safe from any thread and from a signal handler."""
+        self.stopping.set()
+
+    async def restarts_ended(self, timeout_s: float = 10.0) -> None:
+        """Wait, at most ``timeout_s``, for the restarts in flight to end (after ``stop``: to end their processes)."""
+        if self._restart_tasks:
+            await asyncio.wait(list(self._restart_tasks), timeout=timeout_s)
 
     async def watch_forever(self) -> None:
         while True:
@@ -64,8 +81,10 @@ class Health:
                 logger.warning("router did not drop %s: %s", inst.instance_id, e)
         if was == "prefill":
             await self.notify_decodes(inst)
-        if inst.instance_id in self.processes:
-            asyncio.get_running_loop().create_task(self.restart(inst))
+        if inst.instance_id in self.processes and not self.stopping.is_set():
+            task = asyncio.get_running_loop().create_task(self.restart(inst))
+            self._restart_tasks.add(task)
+            task.add_done_callback(self._restart_tasks.discard)
 
     async def notify_decodes(self, inst: Instance) -> None:
         targets = [i for i in self.registry if i.role == "decode" and i.state not in (State.DEAD, State.STARTING)]
@@ -108,13 +127,22 @@ class Health:
                 # not the role it first started in.
                 spec = self.specs[iid] = spec.with_role(inst.role)
                 spec.dump(Path(old.argv[old.argv.index("--spec") + 1]))
+            if self.stopping.is_set():  # told to stop while the old process was ending: start nothing
+                logger.info("instance %s not restarted: the front is stopping", iid)
+                return
             proc = processes.start(old.argv[3:], name=f"instance-{iid}-restart{self.restarts + 1}", port=old.port,
                                    log_dir=old.log_path.parent, module=old.argv[2], die_with_parent=True)
+            self.started.append(proc)
             self.processes[iid] = proc
             inst.pid = proc.pid
             self.restarts += 1
             t0 = time.monotonic()
-            await asyncio.to_thread(proc.wait_ready, RESTART_READY_TIMEOUT_S)
+            try:
+                await asyncio.to_thread(proc.wait_ready, RESTART_READY_TIMEOUT_S, stop=self.stopping)
+            except processes.Stopped:
+                logger.warning("front stopping: ending instance %s while it restarts (pid %d)", iid, proc.pid)
+                await asyncio.to_thread(proc.stop, 1.0)
+                return
             logger.info("instance %s restarted in %.1f s", iid, time.monotonic() - t0)
             inst.role = spec.role if spec is not None else inst.role  # a fresh process serves its spec's role
             await self.catch_up_weights(inst)

@@ -99,9 +99,7 @@ def wait_all_ready(specs: list[InstanceSpec], started: dict, log_dir: Path) -> l
 
 
 def run_front(config: ProrsaConfig, sglang_argv: list[str], host: str, port: int, keys: AuthKeys = AuthKeys()) -> None:
-    import uvicorn
-
-    from sglang_prorsa.srt.controller.app import Front, serve_app
+    from sglang_prorsa.srt.controller.app import Front
     from sglang_prorsa.srt.utils import processes
 
     # uvicorn re-raises SIGTERM after its graceful shutdown; as SystemExit, `finally` stops what this front started.
@@ -135,13 +133,45 @@ def run_front(config: ProrsaConfig, sglang_argv: list[str], host: str, port: int
             registry.set_state(inst, State.ACTIVE)
         front = Front(config, registry, processes=dict(started),
                       specs={s.instance_id: s for s in specs}, keys=keys)
-        # SIGTERM must stop the deployment: uvicorn otherwise waits, without end, for every open request (a soak's
-        # front sat through two SIGTERMs with requests in flight); after the grace, the finally stops the instances.
-        uvicorn.run(serve_app(front), host=host, port=port, log_level="warning", access_log=False,
-                    timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+        serve(front, host, port)
     finally:
-        # Instances restarted while serving replace the ones started first (Health.restart).
-        restarted = list(front.processes.values()) if front is not None else []
-        processes.stop_many([*started.values(), *restarted], grace_s=5.0)
+        if front is not None:
+            front.health.stop()
+        processes.stop_many(deployment_processes(started, front), grace_s=5.0)
         if master is not None:
             master.stop()
+
+
+def deployment_processes(started: dict, front: Any) -> list:
+    """Every instance process this front started, once each: the first ones, the ones serving now and every one a
+    restart started (Health.restart replaces an instance's entry, and a restart ended by the stop is no entry)."""
+    procs = [*started.values()]
+    if front is not None:
+        procs += [*front.processes.values(), *front.health.started]
+    return list({p.pid: p for p in procs}.values())
+
+
+def serve(front: Any, host: str, port: int) -> None:
+    """``uvicorn.run``, except that the signal that stops the front also stops its instance restarts at once
+    (``Health.stop``), before uvicorn's graceful wait for open requests: no restart starts while the front stops, and
+    one still loading ends its process instead of keeping the front waiting for it (issue 29)."""
+    import uvicorn
+    from uvicorn.main import STARTUP_FAILURE
+
+    from sglang_prorsa.srt.controller.app import serve_app
+
+    class FrontServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            front.health.stop()
+            super().handle_exit(sig, frame)
+
+    # SIGTERM must stop the deployment: uvicorn otherwise waits, without end, for every open request (a soak's
+    # front sat through two SIGTERMs with requests in flight); after the grace, run_front's finally stops the instances.
+    server = FrontServer(uvicorn.Config(serve_app(front), host=host, port=port, log_level="warning",
+                                        access_log=False, timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
+    try:
+        server.run()
+    except KeyboardInterrupt:  # as uvicorn.run: Ctrl-C is an ordinary stop
+        pass
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)

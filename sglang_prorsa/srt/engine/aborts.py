@@ -20,12 +20,16 @@ import time
 from typing import Any
 
 from sglang_prorsa.srt.engine.stitch import continuation_spans
-from sglang_prorsa.srt.messages import RESUME_HEADER, Code, MigratedRequest, QueuedItem, Stage
+from sglang_prorsa.srt.messages import LOST_HEADER, MAX_DEATHS, RESUME_HEADER, Code, MigratedRequest, QueuedItem, Stage
 
 logger = logging.getLogger(__name__)
 
 # How long a request our scheduler aborted waits for its record (see late_record).
 RECORD_WAIT_S = 5.0
+INSTANCE_LOST = "instance_lost"  # in a hand-back's message: the continuation's prefill instance died
+# A prefill instance SGLang's heartbeat declared lost is checked this long for being dead (its port refusing
+# connections): the process may take a moment to go; a live one that answered late keeps accepting them.
+GONE_CHECK_S = 3.0
 
 
 class HandedBack(ValueError):
@@ -111,13 +115,35 @@ async def record_from_state(side: Any, obj: Any, state: Any, out: dict) -> Migra
                            weight_versions=continuation_spans(meta, len(produced)))
 
 
+def lost_before(request: Any) -> int:
+    """Instances that died serving this request before it came here (``LOST_HEADER``, set by the front's retry or
+    the continuation that sent it)."""
+    value = request.headers.get(LOST_HEADER) if request is not None else None
+    try:
+        return max(0, min(MAX_DEATHS, int(value))) if value is not None else 0
+    except ValueError:
+        return 0
+
+
 def _hand_back_if_queued(side: Any, request: Any, record: MigratedRequest | None) -> MigratedRequest | None:
     """A continuation (sent by the instance holding its caller) that was taken off here before it began is not
-    continued by this instance from its tokens: that would recompute a prefix its holder can load from the KV store."""
+    continued by this instance from its tokens: that would recompute a prefix its holder can load from the KV store.
+    The record counts the instance deaths the request met before it came here; one that reached ``MAX_DEATHS`` is
+    not handed back but answered here as a suspected poison request (``Continuation`` refuses to send it again), so
+    its holder stops too."""
+    if record is None:
+        return None
+    died_here = record.deaths > 0  # its prefill instance died while this half waited for the KV
+    record.deaths += lost_before(request)
     resumed = request is not None and request.headers.get(RESUME_HEADER) is not None
-    if record is not None and record.stage is Stage.QUEUED and resumed:
+    if record.stage is Stage.QUEUED and resumed and record.deaths < MAX_DEATHS:
         side.counters["continuations_handed_back"] += 1
-        raise HandedBack(f"prorsa: continuation {record.rid} handed back to its holder ({Code.HANDED_ON.value})")
+        # The holder counts the death too (``INSTANCE_LOST`` in the message): its next attempt is its last.
+        lost = f", {INSTANCE_LOST}" if died_here else ""
+        logger.info("continuation %s handed back to its holder (instance deaths: %d here, %d before)", record.rid,
+                    int(died_here), lost_before(request))
+        raise HandedBack(f"prorsa: continuation {record.rid} handed back to its holder ({Code.HANDED_ON.value}"
+                         f"{lost})")
     return record
 
 
@@ -135,6 +161,9 @@ async def _restart_lost(side: Any, obj: Any) -> MigratedRequest:
     instance ends it and keeps its prompt in the prefix cache; the restart prefers that instance (``Continuation``),
     where it then recomputes little or nothing."""
     record = await side.queued_record(obj)
+    if record.bootstrap_port is not None and await side.prefill_gone(record.bootstrap_host, record.bootstrap_port,
+                                                                     GONE_CHECK_S):
+        record.deaths = 1  # its prefill instance died (not one that answered late): counted against a poison request
     side.counters["transfers_failed_continued"] += 1
     side.counters["transfers_failed_prompt_tokens"] += len(record.input_ids)
     if record.bootstrap_room is not None:

@@ -30,6 +30,9 @@ class RecordBook:
         self.expired_total = 0
 
     def put(self, record: MigratedRequest) -> None:
+        old = self._records.get(record.rid)
+        if old is not None:  # taken off twice before its abort was processed: an instance death stays counted
+            record.deaths = max(record.deaths, old[1].deaths)
         self._records[record.rid] = (self._clock(), record)
         self.recent.append(record)
         self._records.move_to_end(record.rid)

@@ -30,7 +30,8 @@ import orjson
 from sglang_prorsa.srt.engine import aborts
 from sglang_prorsa.srt.engine.peers import NoPair, Peer
 from sglang_prorsa.srt.engine.stitch import Kept, Stitcher
-from sglang_prorsa.srt.messages import RESUME_HEADER, ROLE_HEADER, Code, MigratedRequest
+from sglang_prorsa.srt.http_utils import died_serving
+from sglang_prorsa.srt.messages import LOST_HEADER, MAX_DEATHS, RESUME_HEADER, ROLE_HEADER, Code, MigratedRequest
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,11 @@ _CARRIED = ("return_logprob", "top_logprobs_num", "token_ids_logprob", "return_t
 
 class ResumeFailed(RuntimeError):
     pass
+
+
+class SuspectedPoison(ResumeFailed):
+    """``MAX_DEATHS`` instances died serving this request: it is answered with ``Code.SUSPECTED_POISON``, not sent to
+    another pair (issue 29: a request that crashes its scheduler would take down every pair it is continued on)."""
 
 
 def continuation_rid() -> str:
@@ -84,11 +90,17 @@ class Continuation:
         self.kv_tokens = record.kv_tokens
         self.moves = 0
         self.failed_loads = 0
+        self.deaths = record.deaths  # instances that died serving it, this continuation's attempts included
 
     async def run(self) -> AsyncIterator[dict[str, Any]]:
         failures: list[str] = []
         waited_s, streak = 0.0, 0  # waited for a pair, over all moves; pair-less picks in a row
         while self.moves < MAX_MOVES:
+            if self.deaths >= MAX_DEATHS:
+                self.side.counters["suspected_poison"] += 1
+                raise SuspectedPoison(f"{Code.SUSPECTED_POISON.value}: request {self.stitcher.rid} was on "
+                                      f"{self.deaths} instances that died serving it; not sent to another "
+                                      f"({failures[-2:]})")
             produced = len(self.stitcher.ids)
             sampling = remaining_sampling(self.obj.sampling_params, self.record, produced)
             if sampling.get("max_new_tokens") == 0:
@@ -186,6 +198,10 @@ class Continuation:
             if not finished:
                 raise ResumeFailed(f"decode {decode.instance_id} ended the stream without finishing")
         except (ResumeFailed, aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            if Code.SUSPECTED_POISON.value in str(e):  # the attempt's holder stopped it: so does this one
+                raise SuspectedPoison(f"{Code.SUSPECTED_POISON.value}: {e}") from e
+            if died_serving(e) or aborts.INSTANCE_LOST in str(e):
+                self.deaths += 1  # its decode instance died serving it, or handed it back when its prefill died
             failures.append(f"{type(e).__name__}: {e}")
             move["failed"] = str(e)[:300]
             logger.warning("continuation %s of %s on %s+%s failed: %s", rid, self.stitcher.rid,
@@ -195,7 +211,8 @@ class Continuation:
             side.peers.release(prefill, decode)
 
     def _headers(self, role: str) -> dict[str, str]:
-        return {**self.headers, ROLE_HEADER: role, RESUME_HEADER: "1", "Content-Type": "application/json"}
+        return {**self.headers, ROLE_HEADER: role, RESUME_HEADER: "1", LOST_HEADER: str(self.deaths),
+                "Content-Type": "application/json"}
 
 
 async def _settle(task: asyncio.Future) -> None:
@@ -205,20 +222,21 @@ async def _settle(task: asyncio.Future) -> None:
         task.cancel()
 
 
-def handed_on_output(rid: str, prompt_tokens: int) -> dict[str, Any]:
+def handed_on_output(rid: str, prompt_tokens: int, weight_version: str = "default") -> dict[str, Any]:
     """A prefill half whose request moved to another pair: answered, successfully, with nothing to add (the decode
-    half holds the caller; a router reading this half only looks for input logprobs)."""
-    return {"text": "", "output_ids": [], "meta_info": {
+    half holds the caller; a router reading this half only looks for input logprobs). Its meta has every key SGLang's
+    OpenAI routes read (a chat answer built from it without ``weight_version`` was a 500)."""
+    return {"text": "", "output_ids": [], "meta_info": {"weight_version": weight_version,
         "id": rid, "finish_reason": {"type": "abort", "message": "prorsa: handed on to another pair",
                                      "err_type": Code.HANDED_ON.value},
         "prompt_tokens": prompt_tokens, "completion_tokens": 0, "cached_tokens": 0,
         "input_token_logprobs": [], "output_token_logprobs": [], "prorsa": {"handed_on": True}}}
 
 
-def aborted_output(rid: str, prompt_tokens: int, message: str) -> dict[str, Any]:
+def aborted_output(rid: str, prompt_tokens: int, message: str, weight_version: str = "default") -> dict[str, Any]:
     """A request aborted by the trainer (``pause_generation`` in abort mode) while it waited for its KV: answered as
     SGLang answers an aborted request on a colocated server (finish reason ``abort``), not as a failed transfer."""
-    return {"text": "", "output_ids": [], "meta_info": {
+    return {"text": "", "output_ids": [], "meta_info": {"weight_version": weight_version,
         "id": rid, "finish_reason": {"type": "abort", "message": message},
         "prompt_tokens": prompt_tokens, "completion_tokens": 0, "cached_tokens": 0,
         "input_token_logprobs": [], "output_token_logprobs": [], "weight_versions": []}}

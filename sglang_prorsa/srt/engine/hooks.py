@@ -1,6 +1,7 @@
 """The two places the engine extension joins SGLang's tokenizer manager (registered in ``srt/overrides.py``).
 
-``generate_request`` (every generation caller: ``/generate``, the OpenAI routes, in-process callers) passes
+``generate_request`` is wrapped twice. The outer wrapper refuses, with a 400 naming the field, a request that would
+crash the scheduler (``request_guard.py``). The inner one (every generation caller: ``/generate``, the OpenAI routes, in-process callers) passes
 through unchanged unless this instance will not serve the request (a switch is running, admission is closed, or the
 request names the other role): then it is handed on at arrival.
 
@@ -16,7 +17,7 @@ import contextvars
 import logging
 from typing import Any
 
-from sglang_prorsa.srt.engine import aborts
+from sglang_prorsa.srt.engine import aborts, request_guard
 from sglang_prorsa.srt.engine.aborts import HandedBack
 from sglang_prorsa.srt.engine.continuation import aborted_output
 from sglang_prorsa.srt.engine.side import EngineSide, forwarded_headers, keep_prompt_ids
@@ -26,6 +27,7 @@ from sglang_prorsa.srt.messages import RESUME_HEADER, ROLE_HEADER
 logger = logging.getLogger(__name__)
 
 ENGINE: EngineSide | None = None  # set once per instance process by srt/engine/server.py
+_INPUT_ERRORS = (TypeError, AttributeError, KeyError, IndexError, OverflowError)
 
 
 class _Entry:
@@ -58,8 +60,6 @@ def wrap_generate_request(original):
             async for out in original(self, obj, request):
                 yield out
             return
-        check_token_ids(obj.input_ids, getattr(getattr(self, "model_config", None), "vocab_size", None))
-        check_sampling_params(obj)
         if side.rebuilding:  # the scheduler is mid-rebuild: nothing reaches it until its new role is up
             await side.rebuilt()
         role = _header(request, ROLE_HEADER)
@@ -74,10 +74,62 @@ def wrap_generate_request(original):
         try:
             async for out in original(self, obj, request):
                 yield out
+        except _INPUT_ERRORS as e:
+            if not entry.open:
+                raise  # the scheduler had the request: not a refusal of its input
+            # SGLang failed on this input while normalising or tokenizing it: the caller's 400, not a 500.
+            raise request_guard.RequestRefused("body", f"{type(e).__name__}: {e}"[:300]) from e
         finally:
             entry.close()
 
     return generate_request
+
+
+def wrap_generate_request_guard(original):
+    """Every generation request, on every instance (an engine of ours or not): refused with a 400 naming the field
+    if it would crash the scheduler (``request_guard.py``)."""
+
+    async def generate_request(self, obj, request=None):
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        try:
+            if isinstance(obj, GenerateReqInput):
+                request_guard.check(obj, _limits(self))
+            async for out in original(self, obj, request):
+                yield out
+        except ValueError:
+            if isinstance(obj, GenerateReqInput) and not hasattr(obj, "is_single"):
+                # Refused before SGLang normalised it: SGLang's streaming route still schedules its abort task,
+                # which reads ``is_single`` -- missing, it raised and dropped the caller's connection unanswered.
+                obj.is_single = not isinstance(obj.rid, list)
+            raise
+
+    return generate_request
+
+
+def _limits(tm: Any) -> request_guard.Limits:
+    """This tokenizer manager's limits, read once from SGLang's server arguments."""
+    limits = getattr(tm, "_prorsa_limits", None)
+    if limits is None:
+        args = tm.server_args
+        limits = tm._prorsa_limits = request_guard.Limits(
+            vocab_size=tm.model_config.vocab_size,
+            role=str(args.disaggregation_mode or "null").lower(),
+            grammar=str(args.grammar_backend or "").lower() != "none", dp_size=int(args.dp_size or 1))
+    return limits
+
+
+def wrap_validate_one_request(original):
+    """Every prompt once tokenized, single or in a batch: refused if empty (``request_guard.check_tokenized``)."""
+
+    def _validate_one_request(self, obj, input_ids):
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        if isinstance(obj, GenerateReqInput):
+            request_guard.check_tokenized(obj, input_ids)
+        return original(self, obj, input_ids)
+
+    return _validate_one_request
 
 
 def wrap_tokenize_one_request(original):
@@ -88,49 +140,6 @@ def wrap_tokenize_one_request(original):
         return tokenized
 
     return _tokenize_one_request
-
-
-def check_token_ids(input_ids: Any, vocab_size: int | None) -> None:
-    """Refuse token ids outside the model's vocabulary: SGLang 0.5.23 passes them to the embedding, whose index error
-    kills the scheduler -- and every request on the instance with it. So does an empty prompt inside a batch
-    (``[[]]``, ``[[1, 2], []]``): SGLang refuses only a flat empty list, and a prefill of 0 tokens fails in the model's
-    forward. A ValueError is SGLang's route's 400."""
-    if not input_ids:
-        return
-    batch = isinstance(input_ids[0], list)
-    rows = input_ids if batch else [input_ids]
-    for i, row in enumerate(rows):
-        if batch and not (isinstance(row, list) and row):
-            raise ValueError(f"field 'input_ids': prompt {i} of the batch is empty" if isinstance(row, list) else
-                             f"field 'input_ids': prompt {i} of the batch is not a list of token ids")
-        if not vocab_size:
-            continue
-        try:
-            outside = bool(row) and (min(row) < 0 or max(row) >= vocab_size)
-        except TypeError:
-            raise ValueError("field 'input_ids': token ids must be integers") from None
-        if outside:
-            bad = next(t for t in row if not 0 <= t < vocab_size)
-            raise ValueError(f"field 'input_ids': token id {bad} is outside the model's vocabulary "
-                             f"[0, {vocab_size})")
-
-
-def check_sampling_params(obj: Any) -> None:
-    """A list of sampling parameters must be one object per prompt: SGLang 0.5.23 indexes it without checking, and an
-    empty list, a list for a single prompt or one of another length ends in a 500. A ValueError is SGLang's 400."""
-    params = getattr(obj, "sampling_params", None)
-    if not isinstance(params, list):
-        return
-    text, ids = getattr(obj, "text", None), getattr(obj, "input_ids", None)
-    if isinstance(text, list):
-        prompts = len(text)
-    elif isinstance(ids, list) and ids and isinstance(ids[0], list):
-        prompts = len(ids)
-    else:
-        raise ValueError("field 'sampling_params': a single prompt takes one object, not a list")
-    if len(params) != prompts:
-        raise ValueError(f"field 'sampling_params': {len(params)} objects for {prompts} prompts (one per prompt, "
-                         "or one object for all)")
 
 
 def _swept_later(side: EngineSide, obj: Any, role: str | None) -> bool:
@@ -224,7 +233,8 @@ def wrap_stream_one_response(original):
                 # SGLang fails a PD half whose transfer a pause(abort) or abort-all cut with an HTTP error; the
                 # trainer asked for an abort, so it gets one, in the shape of every other aborted request.
                 yield deliver(aborted_output(obj.rid, len(await side.prompt_ids(obj)), "aborted by the trainer "
-                                             "(pause_generation abort or abort_request abort_all)"), True)
+                                             "(pause_generation abort or abort_request abort_all)",
+                                             side.weight_version()), True)
                 return
             async with _model_lock_released(self):
                 async for resumed in side.resume(obj, state, record, None, (ids, text), forwarded_headers(request)):

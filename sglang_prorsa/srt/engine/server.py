@@ -76,7 +76,8 @@ def run_instance(spec: InstanceSpec) -> None:
     addresses = ChannelAddresses.fresh()
     runtime = SchedulerRuntime(instance_id=spec.instance_id, channel=addresses,
                                kv_store=kv_store_config(spec.prorsa),
-                               cpu_threads=spec.cpu_threads if str(server_args.device) == "cpu" else 0)
+                               cpu_threads=spec.cpu_threads if str(server_args.device) == "cpu" else 0,
+                               crash_on_tokens=spec.prorsa.crash_marker)
     keys = AuthKeys.of(server_args)
     side = EngineSide(spec, EngineChannel(addresses), tokenizer_manager=None, keys=keys)
     hooks.ENGINE = side

@@ -8,6 +8,7 @@ manager calls into it through the wrappers in ``hooks.py``.
 from __future__ import annotations
 
 import asyncio
+import time
 import collections
 import logging
 from typing import Any, AsyncIterator, Iterable
@@ -19,7 +20,8 @@ from sglang_prorsa.config import InstanceSpec
 from sglang_prorsa.srt.auth import AuthKeys
 from sglang_prorsa.srt.channel import EngineChannel
 from sglang_prorsa.srt.engine.book import RecordBook
-from sglang_prorsa.srt.engine.continuation import Continuation, ResumeFailed, handed_on_output, kept_from
+from sglang_prorsa.srt.engine.continuation import (Continuation, ResumeFailed, SuspectedPoison, handed_on_output,
+                                                   kept_from)
 from sglang_prorsa.srt.engine.events import EngineEvents
 from sglang_prorsa.srt.engine.peers import Peer, PeerView
 from sglang_prorsa.srt.engine.stitch import Shape, Stitcher
@@ -232,7 +234,7 @@ class EngineSide:
         """Continue ``obj`` (taken off here as ``record``) elsewhere, giving the caller the stitched outputs."""
         if record.role == "prefill":  # the decode half holds the caller and continues it
             self.counters["handed_on"] += 1
-            yield handed_on_output(obj.rid, len(record.input_ids))
+            yield handed_on_output(obj.rid, len(record.input_ids), self.weight_version())
             return
         kept = kept_from(record, state, last_out, delivered)
         sp = obj.sampling_params or {}
@@ -245,6 +247,10 @@ class EngineSide:
         try:
             async for out in Continuation(self, obj, record, stitcher, headers).run():
                 yield out
+        except SuspectedPoison as e:
+            import fastapi
+
+            raise fastapi.HTTPException(status_code=502, detail=str(e)) from None  # the message leads with the code
         except ResumeFailed as e:
             self.counters["resume_failed"] += 1
             import fastapi
@@ -265,7 +271,7 @@ class EngineSide:
             if room is not None:
                 await self.release_decode_halves([room])
             self.counters["handed_on"] += 1
-            yield handed_on_output(obj.rid, len(input_ids))
+            yield handed_on_output(obj.rid, len(input_ids), self.weight_version())
             return
         if room is not None:  # its prefill half answers as handed on (even if it began: we cannot receive its KV)
             await self.release_prefill_halves([QueuedItem(obj.rid, room, obj.bootstrap_host, obj.bootstrap_port)],
@@ -280,6 +286,33 @@ class EngineSide:
         state = _NoState(obj)
         async for out in self.resume(obj, state, record, None, (0, 0), forwarded_headers(request)):
             yield out
+
+    def weight_version(self) -> str:
+        """The weight version this instance serves, as SGLang reports it in each answer's meta."""
+        return str(self.tm.config_value("weight_version")) if self.tm is not None else "default"
+
+    async def prefill_gone(self, host: str | None, port: int | None, within_s: float = 0.0) -> bool:
+        """Whether the prefill instance at this bootstrap address is dead: its HTTP port refuses connections (a
+        slow but live instance still accepts them), checked every 0.5 s for ``within_s`` while it still accepts
+        them (a crashed instance's process takes a moment to go). Unknown addresses are not declared dead."""
+        from urllib.parse import urlsplit
+
+        peer = self.peers.by_bootstrap(host, port)
+        if peer is None:
+            return False
+        url = urlsplit(peer.url)
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(url.hostname, url.port or 80), 2.0)
+            except OSError as e:  # refused, unreachable; a timeout (an OSError too) is a slow instance, not a dead one
+                if not isinstance(e, TimeoutError):
+                    return True
+            else:
+                writer.close()
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.5)
 
     async def queued_record(self, obj: Any) -> MigratedRequest:
         """A decode half that never received its KV, as a record to start again from its prompt."""

@@ -2,8 +2,14 @@
 
 No resume logic lives here: a request moved by a switch is continued by the instance that holds it, so the caller
 still gets one response through this relay. What routing needs, and nothing more, touches the body: it is parsed
-once (to read the prompt size, the trajectory id and ``stream``), and the bootstrap fields are spliced into the
-original bytes, which are forwarded as they came. Trajectory affinity: a trajectory's turns go to the prefill
+once (to read the prompt size as the target route reads the prompt, the trajectory id and ``stream``), and the
+bootstrap fields are spliced into the original bytes, which are forwarded as they came. The bootstrap fields are
+always scalars: SGLang gives a batch's prompts rooms ``room + i`` itself, so they can never disagree with the batch
+the route sees.
+
+A request whose instance dies before answering is sent once more, to another instance, with the death counted
+(``LOST_HEADER``); a second death answers it with ``suspected_poison`` (issue 29): a request that crashes its
+scheduler reaches at most one instance after the first. Trajectory affinity: a trajectory's turns go to the prefill
 instance that served its previous turn (its prefix is cached there) unless that instance is much busier.
 """
 
@@ -21,17 +27,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from sglang_prorsa.srt.controller.registry import Instance, Registry
-from sglang_prorsa.srt.http_utils import UPSTREAM_KEEPALIVE_S, post_fresh
-from sglang_prorsa.srt.messages import ROLE_HEADER, ROUTE_HEADER
+from sglang_prorsa.srt.http_utils import UPSTREAM_KEEPALIVE_S, died_serving, post_fresh
 from sglang_prorsa.srt.lifecycle.events import MAX_ID_CHARS
-from sglang_prorsa.srt.messages import Code
+from sglang_prorsa.srt.messages import LOST_HEADER, MAX_DEATHS, ROLE_HEADER, ROUTE_HEADER, Code
 
 logger = logging.getLogger(__name__)
 
 MAX_AFFINITY = 200_000  # trajectories remembered (LRU)
 AFFINITY_SLACK_TOKENS = 2048  # an affine prefill instance is used unless it has this much more queued than the least
 AFFINITY_SLACK_RATIO = 1.5
-_BOOTSTRAP_KEYS = (b'"bootstrap_host"', b'"bootstrap_port"', b'"bootstrap_room"')
+ATTEMPTS = 3  # instances tried for one request (refused connections; deaths are bounded by MAX_DEATHS)
+ROOM_BITS = 62  # a random room leaves 2**62 rooms above it for a batch's room + i (request_guard.MAX_ROOM is 2**63)
+_BOOTSTRAP_KEYS = (b'"bootstrap_host"', b'"bootstrap_port"', b'"bootstrap_room"', b'"bootstrap_pair_key"')
 _FORWARD_HEADERS = ("x-trajectory-id", "x-smg-routing-key", "authorization", "x-api-key")
 
 
@@ -46,7 +53,7 @@ class Relay:
         self.affinity: OrderedDict[str, str] = OrderedDict()
         self._session: aiohttp.ClientSession | None = None
         self.stats = {"requests": 0, "retried": 0, "failed": 0, "affinity_hits": 0, "streams_broken": 0,
-                      "prefill_halves_failed": 0}
+                      "prefill_halves_failed": 0, "suspected_poison": 0}
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -94,14 +101,18 @@ class Relay:
         if not isinstance(body, dict):
             return _error(400, Code.INVALID, "field 'body': must be a JSON object", "body")
         tid = _trajectory(body, request)
-        prompt = _prompt_size(body)
-        batch = _batch_size(body)
+        prompt = prompt_tokens(request.url.path, body)
         stream = bool(body.get("stream"))
         headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS}
         headers["Content-Type"] = "application/json"
         self.stats["requests"] += 1
         tried: set[str] = set()
-        for attempt in range(3):
+        deaths = 0
+        for attempt in range(ATTEMPTS):
+            if deaths >= MAX_DEATHS:
+                return self._poison(deaths)
+            if deaths:
+                headers[LOST_HEADER] = str(deaths)
             try:
                 if self.pd:
                     first, decode = self._pick_first("prefill", tid, tried), self._pick_decode(tried)
@@ -110,17 +121,29 @@ class Relay:
             except NoRoute as e:
                 self.stats["failed"] += 1
                 return _error(503, Code.NO_INSTANCE, str(e))
-            payload = _with_bootstrap(raw, body, first, batch) if decode is not None else raw
+            payload = _with_bootstrap(raw, body, first) if decode is not None else raw
             target = decode or first
             try:
                 return await self._forward(request.url.path, payload, headers, first, decode, target, prompt, stream)
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
                 # Nothing reached the caller: the instance refused the connection or died before answering.
-                logger.warning("instance %s unreachable (%s); retrying on another", target.instance_id, e)
+                died = died_serving(e)
+                deaths += died
+                logger.warning("instance %s %s (%s); %s", target.instance_id,
+                               "died serving the request" if died else "unreachable", e,
+                               "not sent again" if deaths >= MAX_DEATHS else "retrying on another")
                 tried.add(target.instance_id)
-                self.stats["retried"] += 1
+                self.stats["retried"] += deaths < MAX_DEATHS
+        if deaths >= MAX_DEATHS:
+            return self._poison(deaths)
         self.stats["failed"] += 1
         return _error(502, Code.UPSTREAM, "no instance answered")
+
+    def _poison(self, deaths: int) -> Response:
+        self.stats["failed"] += 1
+        self.stats["suspected_poison"] += 1
+        return _error(502, Code.SUSPECTED_POISON, f"{deaths} instances died serving this request; it is not sent to "
+                                                  "another (a request that crashes its scheduler would crash the next)")
 
     async def _forward(self, path: str, payload: bytes, headers: dict[str, str], first: Instance,
                        decode: Instance | None, target: Instance, prompt: int, stream: bool) -> Response:
@@ -152,6 +175,8 @@ class Relay:
             finally:
                 resp.release()
                 self._done(target, decode, first, prompt)
+            if resp.status == 502 and Code.SUSPECTED_POISON.value.encode() in content[:200]:
+                self.stats["suspected_poison"] += 1  # stopped by the instance continuing it (its prefill died)
             return Response(content, status_code=resp.status, media_type=media, headers=route)
 
         async def relay():
@@ -210,47 +235,43 @@ def _trajectory(body: dict, request: Request) -> str | None:
     return value if value and len(value) <= MAX_ID_CHARS else None
 
 
-def _batch_size(body: dict) -> int | None:
-    text, ids = body.get("text"), body.get("input_ids")
-    if isinstance(text, list):
-        return len(text)
-    if isinstance(ids, list) and ids and isinstance(ids[0], list):
-        return len(ids)
-    sp = body.get("sampling_params")
-    if isinstance(sp, dict) and isinstance(sp.get("n"), int) and sp["n"] > 1:
-        return None  # SGLang expands n samples itself under one room
-    return None
-
-
-def _prompt_size(body: dict) -> int:
-    """Prompt tokens for load accounting: exact for token ids, ~4 characters a token otherwise."""
-    ids = body.get("input_ids")
-    if isinstance(ids, list):
-        # A malformed batch ([[1], None], [[1], 2.5]) is SGLang's to refuse with a 4xx; counting must not raise.
-        return sum(len(x) for x in ids if isinstance(x, list)) if ids and isinstance(ids[0], list) else len(ids)
-    for key in ("text", "prompt"):
-        v = body.get(key)
-        if isinstance(v, str):
-            return len(v) // 4 + 1
-        if isinstance(v, list):
-            return sum(len(x) // 4 + 1 if isinstance(x, str) else len(x) for x in v if isinstance(x, (str, list)))
-    msgs = body.get("messages")
-    if isinstance(msgs, list):
-        return sum(len(str(m.get("content", ""))) // 4 + 4 for m in msgs if isinstance(m, dict))
+def prompt_tokens(path: str, body: dict) -> int:
+    """Prompt tokens for load accounting, read as the target route reads the prompt: ``/generate`` takes ``text``,
+    else ``input_ids``, else ``input_embeds``; ``/v1/completions`` takes ``prompt`` (text, token ids, or lists of
+    either); ``/v1/chat/completions`` takes ``messages``. Exact for token ids, ~4 characters a token for text.
+    Fields another route would read are ignored (a ``/v1/completions`` body's ``input_ids`` is not its prompt)."""
+    if path.endswith("/chat/completions"):
+        msgs = body.get("messages")
+        return sum(len(str(m.get("content", ""))) // 4 + 4 for m in msgs if isinstance(m, dict)) \
+            if isinstance(msgs, list) else 0
+    if path.endswith("/completions"):
+        return _size(body.get("prompt"))
+    for key in ("text", "input_ids", "input_embeds"):
+        if body.get(key) is not None:
+            return _size(body[key])
     return 0
 
 
-def _with_bootstrap(raw: bytes, body: dict, prefill: Instance, batch: int | None) -> bytes:
-    """The original bytes with the PD bootstrap fields spliced in (re-encoded only if the client sent its own)."""
-    if batch is None:
-        fields = {"bootstrap_host": prefill.bootstrap_host, "bootstrap_port": prefill.bootstrap_port,
-                  "bootstrap_room": random.getrandbits(63)}
-    else:
-        fields = {"bootstrap_host": [prefill.bootstrap_host] * batch,
-                  "bootstrap_port": [prefill.bootstrap_port] * batch,
-                  "bootstrap_room": [random.getrandbits(63) for _ in range(batch)]}
+def _size(prompt: Any) -> int:
+    """A prompt's size: a string, a list of token ids, or a batch of either. Malformed values (the instance's to
+    refuse with a 4xx) are counted without raising."""
+    if isinstance(prompt, str):
+        return len(prompt) // 4 + 1
+    if not isinstance(prompt, list):
+        return 0
+    if all(type(t) is int for t in prompt):
+        return len(prompt)
+    return sum(_size(p) for p in prompt if isinstance(p, (str, list)) and not (
+        isinstance(p, list) and p and isinstance(p[0], list)))
+
+
+def _with_bootstrap(raw: bytes, body: dict, prefill: Instance) -> bytes:
+    """The original bytes with the PD bootstrap fields spliced in (re-encoded only if the client sent its own).
+    Always one host, port and room: SGLang expands them for a batch (room + i), whatever shape the route reads."""
+    fields = {"bootstrap_host": prefill.bootstrap_host, "bootstrap_port": prefill.bootstrap_port,
+              "bootstrap_room": random.getrandbits(ROOM_BITS)}
     if any(k in raw for k in _BOOTSTRAP_KEYS):
-        return orjson.dumps({**body, **fields})
+        return orjson.dumps({**{k: v for k, v in body.items() if k != "bootstrap_pair_key"}, **fields})
     head = orjson.dumps(fields)[:-1]  # '{...' without its closing brace
     rest = raw.lstrip()[1:].lstrip()  # the original object after its opening brace
     return head + b"}" if rest.startswith(b"}") else head + b"," + rest

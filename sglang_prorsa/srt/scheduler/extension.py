@@ -14,6 +14,7 @@ lets the abort carry our reason.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from sglang_prorsa.srt.scheduler.kv import KVSide
 
 logger = logging.getLogger(__name__)
 
+MAX_TAKEN_REMEMBERED = 4096  # rids of requests taken off here, newest kept (see SchedulerSide.taken)
 HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK"  # sglang.srt.constants (0.5.23); checked at start-up (sglang_internals)
 
 
@@ -56,6 +58,9 @@ class SchedulerRuntime:
     channel: ChannelAddresses
     kv_store: KVStoreConfig
     cpu_threads: int = 0  # torch intra-op threads of the scheduler (CPU instances; 0: torch's default)
+    # TESTING ONLY (--prorsa-test-crash-on-tokens): a prefill or colocated scheduler that receives a prompt holding
+    # this token sequence raises, as a scheduler crashing on a poison request would (issue 29's containment tests).
+    crash_on_tokens: tuple[int, ...] = ()
 
 
 RUNTIME: SchedulerRuntime | None = None  # set once by our scheduler entry (scheduler/process.py) in this process
@@ -107,6 +112,18 @@ class ProrsaSchedulerMixin:
         if side is not None:
             side.poll()
 
+    def prorsa_test_crash(self, recv_reqs: list[Any]) -> None:
+        marker = RUNTIME.crash_on_tokens if RUNTIME is not None else ()
+        if not marker or str(self.disaggregation_mode.value) == "decode":
+            return
+        # A (Batch)TokenizedGenerateReqInput: a batch holds its requests in ``batch``; ids are an array('l').
+        reqs = [r for recv in recv_reqs or () for r in (getattr(recv, "batch", None) or (recv,))]
+        for req in reqs:
+            ids = getattr(req, "input_ids", None)
+            if ids is not None and not isinstance(ids, (str, bytes)) and _contains(list(ids), marker):
+                raise RuntimeError(f"prorsa test crash: request {getattr(req, 'rid', '?')} holds the marked tokens "
+                                   f"{list(marker)} (--prorsa-test-crash-on-tokens)")
+
     def prorsa_observe_extend(self, batch: Any) -> None:
         side = self.prorsa_side()
         if side is not None:
@@ -135,6 +152,10 @@ class SchedulerSide:
             self.s.idle_sleeper.poller.register(self.channel.control, zmq.POLLIN)
         self.kv = KVSide(scheduler, runtime.kv_store, self.counters)
         self.released: dict[int, float] = {}  # bootstrap room -> expiry (monotonic)
+        # Requests taken off here, until SGLang has dropped them from its queues: a queued request stays there until
+        # the abort is processed, and the next poll's release of late arrivals would take it again -- with a second
+        # record replacing the first (one that counted an instance death, issue 29).
+        self.taken: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.lost: dict[tuple[str, int], float] = {}  # a dead prefill's bootstrap address -> expiry
         self.first_seen: dict[str, float] = {}  # rid -> when a queued request was first seen (bounded by the queues)
         self.decoding: set[str] = set()  # rids of the running batch at the last poll (bounded by the batch)
@@ -321,16 +342,18 @@ class SchedulerSide:
     def peer_lost(self, msg: PeerLost) -> ReleaseResult:
         self.lost[(msg.host, msg.port)] = time.monotonic() + msg.ttl_s
         self.forget_prefill(ForgetPrefill(addresses=frozenset({(msg.host, msg.port)})))
-        return self._release_bound_to({(msg.host, msg.port)})
+        return self._release_bound_to({(msg.host, msg.port)}, deaths=1)
 
-    def _release_bound_to(self, addresses: set[tuple[str, int]]) -> ReleaseResult:
-        """Decode halves waiting for KV from a dead prefill instance: continued elsewhere by their holder."""
+    def _release_bound_to(self, addresses: set[tuple[str, int]], deaths: int = 0) -> ReleaseResult:
+        """Decode halves waiting for KV from a dead prefill instance: continued elsewhere by their holder. Those
+        waiting when it died count its death (``deaths``); late arrivals bound to it do not."""
         rooms = {item.req.bootstrap_room for item in self._decode_queue_items()
                  if (item.req.bootstrap_host, item.req.bootstrap_port) in addresses}
-        rids, taken = self._release_matching(rooms) if rooms else ([], [])
+        rids, taken = self._release_matching(rooms, deaths=deaths) if rooms else ([], [])
         return ReleaseResult(rids=rids, rooms=taken)
 
-    def _release_matching(self, rooms: set[int], only_not_started: bool = False) -> tuple[list[str], list[int]]:
+    def _release_matching(self, rooms: set[int], only_not_started: bool = False,
+                          deaths: int = 0) -> tuple[list[str], list[int]]:
         """Take off the halves of these PD pairs: on decode, those still waiting for their KV (their holder continues
         them); on prefill, those not started -- or every stage unless ``only_not_started`` -- answered as handed on."""
         if self.role() == "decode":
@@ -345,13 +368,13 @@ class SchedulerSide:
             return [], []
         rids, taken_rooms = [], []
         for req in _unique(reqs):
-            if req.bootstrap_room in rooms and not req.finished():
-                self._take(req, self._record(req, Stage.QUEUED, keep_output=False), code)
+            if req.bootstrap_room in rooms and not req.finished() and req.rid not in self.taken:
+                self._take(req, self._record(req, Stage.QUEUED, keep_output=False, deaths=deaths), code)
                 rids.append(req.rid)
                 taken_rooms.append(req.bootstrap_room)
         return rids, taken_rooms
 
-    def _record(self, req: Any, stage: Stage, keep_output: bool = True) -> MigratedRequest:
+    def _record(self, req: Any, stage: Stage, keep_output: bool = True, deaths: int = 0) -> MigratedRequest:
         from sglang.srt.utils.weight_versions import compute_weight_version_spans
 
         output = list(req.output_ids) if keep_output else []
@@ -361,7 +384,7 @@ class SchedulerSide:
             rid=req.rid, role=self.role(), stage=stage, input_ids=list(req.origin_input_ids), output_ids=output,
             sampling_params=sampling_dict(req) if keep_output else sampling_dict(_NoOutput(req)),
             bootstrap_room=req.bootstrap_room, bootstrap_host=req.bootstrap_host, bootstrap_port=req.bootstrap_port,
-            weight_versions=[(s.version, s.start, s.end) for s in spans],
+            weight_versions=[(s.version, s.start, s.end) for s in spans], deaths=deaths,
         )
 
     @staticmethod
@@ -373,6 +396,9 @@ class SchedulerSide:
     def _take(self, req: Any, record: MigratedRequest, code: Code) -> None:
         """Push the record, then abort the request here with our typed reason."""
         self.channel.push(record)
+        self.taken[req.rid] = None
+        while len(self.taken) > MAX_TAKEN_REMEMBERED:
+            self.taken.popitem(last=False)
         wasted = self.counters.discard(req.rid)
         if wasted:
             logger.warning("prorsa: %s taken off after %d of its prompt tokens were computed here (%s)", req.rid,
@@ -408,6 +434,11 @@ def _queued(req: Any, waited_s: float = 0.0, stage: str = "") -> QueuedItem:
     return QueuedItem(rid=req.rid, bootstrap_room=req.bootstrap_room, bootstrap_host=req.bootstrap_host,
                       bootstrap_port=req.bootstrap_port, input_ids=tuple(req.origin_input_ids), waited_s=waited_s,
                       stage=stage)
+
+
+def _contains(ids: list[int], marker: tuple[int, ...]) -> bool:
+    n = len(marker)
+    return any(tuple(ids[i:i + n]) == marker for i in range(len(ids) - n + 1))
 
 
 def _unique(reqs: list[Any]) -> list[Any]:

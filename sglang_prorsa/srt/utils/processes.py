@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,10 @@ import requests
 
 LOOPBACK = "127.0.0.1"
 _LIVE: dict[int, "ServerProcess"] = {}
+
+
+class Stopped(Exception):
+    """``wait_ready`` was told to stop waiting: whoever waited is shutting down, and ends the process itself."""
 
 
 # The bands ``free_port`` draws from. A server binds its port 20-60 s after we choose it (after the model loads), so
@@ -98,9 +103,14 @@ class ServerProcess:
         except OSError:
             return "<no log>"
 
-    def wait_ready(self, timeout: float = 180.0, path: str = "/health") -> float:
+    def wait_ready(self, timeout: float = 180.0, path: str = "/health", stop: threading.Event | None = None) -> float:
+        """Seconds from start until ``path`` answers 200. ``stop``, set from another thread, ends the wait within a
+        poll (``Stopped``) instead of its ``timeout``: a front told to stop must not wait for an instance to load."""
+        stop = stop or threading.Event()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if stop.is_set():
+                raise Stopped(f"stopped waiting for server {self.name} (pid {self.pid})")
             if not self.alive():
                 raise RuntimeError(f"server {self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
@@ -109,7 +119,7 @@ class ServerProcess:
                     return self.ready_s
             except requests.RequestException:
                 pass
-            time.sleep(0.5)
+            stop.wait(0.5)
         self.stop()
         raise TimeoutError(f"server {self.name} not ready within {timeout} s:\n{self.log_tail()}")
 

@@ -15,6 +15,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sglang_prorsa.testing.profiles import examples
 from tests_support import instances
 
 pytestmark = pytest.mark.integration
@@ -56,7 +57,7 @@ def with_field(base: dict, name: str, value) -> dict:
 
 # -- the front (controller) ---------------------------------------------------------------------------------------
 
-@settings(max_examples=1200, **SETTINGS)
+@settings(max_examples=examples(1200), **SETTINGS)
 @given(body=st.one_of(json_values, st.binary(max_size=40)))
 def test_front_control_routes_refuse_garbage(urls, body):
     front = urls["front"]
@@ -69,7 +70,7 @@ def test_front_control_routes_refuse_garbage(urls, body):
         check(post(front + path, body))
 
 
-@settings(max_examples=1000, **SETTINGS)
+@settings(max_examples=examples(1000), **SETTINGS)
 @given(field=st.sampled_from(["instance", "new_role"]), value=json_values)
 def test_switch_fields_are_named(urls, field, value):
     body = with_field({"instance": "no-such-instance", "new_role": "decode"}, field, value)
@@ -81,7 +82,7 @@ def test_switch_fields_are_named(urls, field, value):
         assert r.json()["field"] in ("instance", "new_role")
 
 
-@settings(max_examples=1000, **SETTINGS)
+@settings(max_examples=examples(1000), **SETTINGS)
 @given(field=st.sampled_from(["instance_id", "url", "role", "bootstrap_port"]), value=json_values)
 def test_registration_fields_are_named(urls, field, value):
     body = with_field({"instance_id": "x", "url": "not a url", "role": "decode", "bootstrap_port": 1}, field, value)
@@ -91,7 +92,7 @@ def test_registration_fields_are_named(urls, field, value):
     assert r.status_code == 422 and r.json()["field"] in ("instance_id", "url", "role", "bootstrap_port"), r.text
 
 
-@settings(max_examples=1500, **SETTINGS)
+@settings(max_examples=examples(1500), **SETTINGS)
 @given(events=st.lists(st.one_of(json_values, st.fixed_dictionaries(
     {"trajectory_id": st.text(max_size=6), "event": st.sampled_from(["sampled", "tool_start", "reward_end", "bogus"]),
      "prompt_tokens": st.integers(-5, 5)})), max_size=5))
@@ -104,14 +105,14 @@ def test_lifecycle_batches_are_atomic(urls, events):
         assert _session.get(front + "/lifecycle/status", timeout=30).json()["events"] == before
 
 
-@settings(max_examples=600, **SETTINGS)
+@settings(max_examples=examples(600), **SETTINGS)
 @given(query=st.text(max_size=12))
 def test_forecast_query_is_validated(urls, query):
     r = _session.get(urls["front"] + "/prorsa/forecast", params={"at": query}, timeout=30)
     check(r)
 
 
-@settings(max_examples=700, **SETTINGS)
+@settings(max_examples=examples(700), **SETTINGS)
 @given(body=st.one_of(json_values, st.binary(max_size=40)))
 def test_front_generation_refuses_garbage(urls, body):
     # Only bodies SGLang would not run (no prompt at all): the relay and SGLang's own validation answer them.
@@ -139,7 +140,7 @@ def _runs_long(sampling) -> bool:
     return not isinstance(n, (str, list, dict, bool)) and (n is None or n > 3)
 
 
-@settings(max_examples=160, **SETTINGS)
+@settings(max_examples=examples(160), **SETTINGS)
 @given(ids=prompt_ids, sampling=sampling_params)
 def test_front_generation_with_prompts_is_answered_or_refused(urls, ids, sampling):
     """Bodies SGLang does run, with ids inside and outside the vocabulary and odd sampling parameters: never a
@@ -162,7 +163,7 @@ def test_front_generation_with_prompts_is_answered_or_refused(urls, ids, samplin
 
 # -- an instance --------------------------------------------------------------------------------------------------
 
-@settings(max_examples=1500, **SETTINGS)
+@settings(max_examples=examples(1500), **SETTINGS)
 @given(body=st.one_of(json_values, st.binary(max_size=40)))
 def test_instance_routes_refuse_garbage(urls, body):
     inst = urls["instance"]
@@ -185,7 +186,7 @@ def _valid_and_disruptive(path: str, body: dict) -> bool:
     return False
 
 
-@settings(max_examples=1500, **SETTINGS)
+@settings(max_examples=examples(1500), **SETTINGS)
 @given(field=st.sampled_from(["token_ids", "keys", "block_tokens", "hold_for_rid"]), value=json_values)
 def test_kv_load_fields_are_named(urls, field, value):
     body = with_field({"token_ids": [1, 2, 3], "keys": ["k"], "block_tokens": 64, "hold_for_rid": ""}, field, value)
@@ -195,7 +196,7 @@ def test_kv_load_fields_are_named(urls, field, value):
         assert r.json()["field"] in ("token_ids", "keys", "block_tokens", "hold_for_rid")
 
 
-@settings(max_examples=1000, **SETTINGS)
+@settings(max_examples=examples(1000), **SETTINGS)
 @given(rooms=json_values, only=json_values)
 def test_release_fields_are_named(urls, rooms, only):
     r = post(urls["instance"] + "/prorsa/release", {"rooms": rooms, "only_not_started": only})

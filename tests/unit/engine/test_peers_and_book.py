@@ -59,3 +59,10 @@ def test_records_are_claimed_once_drained_on_demand_and_expire():
     now[0] = 10_000.0
     book.put(MigratedRequest("new", "decode", Stage.QUEUED, [1], [], {}))
     assert book.peek("old") is None and book.peek("new") is not None and book.expired_total == 1
+
+
+def test_a_second_record_for_a_rid_keeps_the_instance_deaths_the_first_counted():
+    book = RecordBook(drain=lambda: [], clock=lambda: 0.0)
+    book.put(MigratedRequest("r", "decode", Stage.QUEUED, [1], [], {}, deaths=1))  # its prefill instance died
+    book.put(MigratedRequest("r", "decode", Stage.QUEUED, [1], [], {}))  # taken again before the abort landed
+    assert book.claim("r").deaths == 1

@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from sglang_prorsa.srt.controller.registry import Instance, Registry, State
-from sglang_prorsa.srt.front.relay import NoRoute, Relay, _batch_size, _prompt_size, _with_bootstrap
+from sglang_prorsa.srt.front.relay import NoRoute, Relay, _with_bootstrap, prompt_tokens
 
 
 def prefill(iid="p", port=9000, **kw):
@@ -16,27 +16,40 @@ def prefill(iid="p", port=9000, **kw):
 
 def test_bootstrap_fields_are_spliced_into_the_original_bytes():
     raw = b' {"text": "hi", "sampling_params": {"max_new_tokens": 3}}'
-    out = orjson.loads(_with_bootstrap(raw, orjson.loads(raw), prefill(), None))
+    out = orjson.loads(_with_bootstrap(raw, orjson.loads(raw), prefill()))
     assert out["text"] == "hi" and out["sampling_params"] == {"max_new_tokens": 3}
     assert out["bootstrap_host"] == "10.0.0.1" and out["bootstrap_port"] == 9000
-    assert 0 <= out["bootstrap_room"] < 2 ** 63
-    assert orjson.loads(_with_bootstrap(b"{}", {}, prefill(), None))["bootstrap_port"] == 9000
+    assert 0 <= out["bootstrap_room"] < 2 ** 62
+    assert orjson.loads(_with_bootstrap(b"{}", {}, prefill()))["bootstrap_port"] == 9000
 
 
-def test_a_batch_gets_one_room_per_prompt_and_client_fields_are_replaced():
-    raw = b'{"input_ids": [[1, 2], [3]], "bootstrap_room": 5}'
-    out = orjson.loads(_with_bootstrap(raw, orjson.loads(raw), prefill(), _batch_size(orjson.loads(raw))))
-    assert out["bootstrap_host"] == ["10.0.0.1"] * 2 and len(set(out["bootstrap_room"])) == 2
-
-
-@pytest.mark.parametrize("body,size", [
-    ({"input_ids": [1, 2, 3]}, 3), ({"input_ids": [[1, 2], [3]]}, 3), ({"text": "x" * 40}, 11),
-    ({"messages": [{"role": "user", "content": "y" * 8}]}, 6), ({}, 0),
-    # malformed batches (found by the HTTP fuzz test: they were a 500): counted without raising, SGLang refuses them
-    ({"input_ids": [[1, 2], None]}, 2), ({"input_ids": [[1], 2.5, "x", {}]}, 1), ({"text": [None, "abcd", 3]}, 2),
+@pytest.mark.parametrize("raw", [
+    b'{"input_ids": [[1, 2], [3]], "bootstrap_room": 5}',
+    # the reported request: the OpenAI route serves the single prompt; a list of rooms killed the prefill scheduler
+    b'{"prompt": "hello", "input_ids": [[5, 6]], "bootstrap_room": [1], "bootstrap_pair_key": ["k"]}',
+    b'{"text": ["a", "b"], "bootstrap_host": ["x", "y"]}',
 ])
-def test_prompt_size_for_load_accounting(body, size):
-    assert _prompt_size(body) == size
+def test_bootstrap_fields_are_one_value_whatever_the_batch_and_client_fields_are_replaced(raw):
+    out = orjson.loads(_with_bootstrap(raw, orjson.loads(raw), prefill()))
+    assert out["bootstrap_host"] == "10.0.0.1" and out["bootstrap_port"] == 9000
+    assert isinstance(out["bootstrap_room"], int) and out["bootstrap_room"] != 5
+    assert "bootstrap_pair_key" not in out
+
+
+@pytest.mark.parametrize("path,body,size", [
+    ("/generate", {"input_ids": [1, 2, 3]}, 3), ("/generate", {"input_ids": [[1, 2], [3]]}, 3),
+    ("/generate", {"text": "x" * 40}, 11), ("/generate", {"text": "x" * 40, "input_ids": [1]}, 11),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "y" * 8}]}, 6), ("/generate", {}, 0),
+    ("/v1/completions", {"prompt": "hello", "input_ids": [[5, 6]]}, 2),  # the route reads prompt only
+    ("/v1/completions", {"prompt": [[1, 2], [3]]}, 3), ("/v1/completions", {"prompt": ["abcd", "ef"]}, 3),
+    ("/v1/chat/completions", {"prompt": "x", "input_ids": [1, 2]}, 0),
+    # malformed batches (found by the HTTP fuzz test: they were a 500): counted without raising, SGLang refuses them
+    ("/generate", {"input_ids": [[1, 2], None]}, 2), ("/generate", {"input_ids": [[1], 2.5, "x", {}]}, 2),
+    ("/generate", {"text": [None, "abcd", 3]}, 2), ("/v1/completions", {"prompt": {"a": 1}}, 0),
+    ("/v1/chat/completions", {"messages": "hi"}, 0),
+])
+def test_prompt_size_is_read_as_the_route_reads_the_prompt(path, body, size):
+    assert prompt_tokens(path, body) == size
 
 
 def test_least_loaded_prefill_unless_the_trajectorys_own_is_not_much_busier():

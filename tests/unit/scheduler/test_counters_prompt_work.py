@@ -39,3 +39,35 @@ def test_per_request_maps_stay_bounded(monkeypatch):
     assert len(c._computed) <= 8 and len(c._resumes) <= 8
     assert c.discard("r99") == 3  # the newest are kept
     assert c.snapshot()["resume_prompt_tokens_computed"] == 300
+
+
+def test_the_test_crash_marker_is_found_in_tokenized_requests():
+    """--prorsa-test-crash-on-tokens: SGLang hands the scheduler token ids as an array('l'), single or in a batch
+    (``BatchTokenizedGenerateReqInput.batch``); stand-ins with those attributes."""
+    from array import array
+    from types import SimpleNamespace
+
+    import pytest
+
+    from sglang_prorsa.srt.scheduler import extension
+
+    def req(ids):
+        return SimpleNamespace(input_ids=array("l", ids), rid="r")
+
+    sched = SimpleNamespace(disaggregation_mode=SimpleNamespace(value="prefill"))
+    old = extension.RUNTIME
+    try:
+        extension.RUNTIME = SimpleNamespace(crash_on_tokens=(7, 8, 9))
+        extension.ProrsaSchedulerMixin.prorsa_test_crash(sched, [req([1, 7, 8, 2, 9]), SimpleNamespace()])
+        with pytest.raises(RuntimeError, match="prorsa test crash"):
+            extension.ProrsaSchedulerMixin.prorsa_test_crash(sched, [req([1, 7, 8, 9])])
+        with pytest.raises(RuntimeError, match="prorsa test crash"):
+            extension.ProrsaSchedulerMixin.prorsa_test_crash(sched, [SimpleNamespace(batch=[req([2]),
+                                                                                            req([7, 8, 9, 3])])])
+        sched.disaggregation_mode.value = "decode"  # decode schedulers never raise: the prefill side dies
+        extension.ProrsaSchedulerMixin.prorsa_test_crash(sched, [req([7, 8, 9])])
+        extension.RUNTIME = SimpleNamespace(crash_on_tokens=())
+        sched.disaggregation_mode.value = "null"
+        extension.ProrsaSchedulerMixin.prorsa_test_crash(sched, [req([7, 8, 9])])  # no flag: never
+    finally:
+        extension.RUNTIME = old
