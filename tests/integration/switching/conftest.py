@@ -17,7 +17,7 @@ def deployment(tiny_model, log_dir, tmp_path_factory):
                       router.url,
                       # Two torch threads each, as before the front shared the cores out (one each): with the faster
                       # instances, the first two busy-switch tests failed once in CI (passing alone); the timing they
-                      # depend on is not yet understood (see the README's known limits). Kept until it is.
+                      # depend on is not yet understood (see docs/failures.md, known limits). Kept until it is.
                       "--prorsa-cpu-threads", "2"], n_instances=4, initial_prefill=2) as front:
         front.router, front.store = router, store
         yield front

@@ -100,7 +100,7 @@ def test_nothing_is_lost_at_a_fast_switch_rate(deployment):
     # include those of attempts that moved again (continued by the instance they moved to); the counters say where
     # any excess went: prefill work thrown away, or tokens resumed requests computed beyond their loaded KV. The one
     # allowance: prompts of requests whose KV transfer SGLang itself failed (its PD heartbeat can declare a live
-    # prefill instance lost when both cores are saturated; README "Known limits"), restarted from their prompt --
+    # prefill instance lost when both cores are saturated; docs/failures.md, "Known limits"), restarted from their prompt --
     # on the same prefill instance when it still serves, so from its prefix cache.
     extra = computed_tokens(front) - computed_before - sum(len(p) for p in prompts)
     where = {k: computed_tokens(front, k) - before[k] for k in before}
