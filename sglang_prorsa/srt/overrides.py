@@ -182,28 +182,13 @@ def _wrap_run_batch() -> bool:
     return wrap_method(Scheduler, "run_batch", make)
 
 
-def _wrap_generate_request() -> bool:
+def _wrap_tokenizer_manager(method: str, hook: str, tag: str = "") -> bool:
+    """Wrap ``TokenizerManager.<method>`` with the factory ``srt/engine/hooks.<hook>``."""
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
-    from sglang_prorsa.srt.engine.hooks import wrap_generate_request
+    from sglang_prorsa.srt.engine import hooks
 
-    return wrap_method(TokenizerManager, "generate_request", wrap_generate_request)
-
-
-def _wrap_generate_request_guard() -> bool:
-    from sglang.srt.managers.tokenizer_manager import TokenizerManager
-
-    from sglang_prorsa.srt.engine.hooks import wrap_generate_request_guard
-
-    return wrap_method(TokenizerManager, "generate_request", wrap_generate_request_guard, tag="guard")
-
-
-def _wrap_validate_one_request() -> bool:
-    from sglang.srt.managers.tokenizer_manager import TokenizerManager
-
-    from sglang_prorsa.srt.engine.hooks import wrap_validate_one_request
-
-    return wrap_method(TokenizerManager, "_validate_one_request", wrap_validate_one_request)
+    return wrap_method(TokenizerManager, method, getattr(hooks, hook), tag=tag)
 
 
 def _wrap_control_method(name: str) -> bool:
@@ -214,20 +199,8 @@ def _wrap_control_method(name: str) -> bool:
     return wrap_method(TokenizerManager, name, wrap_control(name))
 
 
-def _wrap_tokenize_one_request() -> bool:
-    from sglang.srt.managers.tokenizer_manager import TokenizerManager
-
-    from sglang_prorsa.srt.engine.hooks import wrap_tokenize_one_request
-
-    return wrap_method(TokenizerManager, "_tokenize_one_request", wrap_tokenize_one_request)
 
 
-def _wrap_stream_one_response() -> bool:
-    from sglang.srt.managers.tokenizer_manager import TokenizerManager
-
-    from sglang_prorsa.srt.engine.hooks import wrap_stream_one_response
-
-    return wrap_method(TokenizerManager, "_stream_one_response", wrap_stream_one_response)
 
 
 _BUILTIN_DONE = False
@@ -290,7 +263,7 @@ def _register_builtin() -> None:
             "wrapper also counts requests on their way to the scheduler for the switch's quiet check "
             "(srt/engine/hooks.py)."
         ),
-        apply=_wrap_generate_request,
+        apply=functools.partial(_wrap_tokenizer_manager, "generate_request", "wrap_generate_request"),
     ))
     REGISTRY.register(Override(
         name="tokenizer_manager_refuse_scheduler_crashers",
@@ -304,7 +277,8 @@ def _register_builtin() -> None:
             "SGLang's routes answer with 400 naming the field, on every instance and route, then runs SGLang's method "
             "unchanged (srt/engine/request_guard.py). Applied after hand_on_at_arrival, so it runs first."
         ),
-        apply=_wrap_generate_request_guard,
+        apply=functools.partial(_wrap_tokenizer_manager, "generate_request", "wrap_generate_request_guard",
+                                tag="guard"),
     ))
     REGISTRY.register(Override(
         name="tokenizer_manager_refuse_empty_tokenized_prompt",
@@ -316,7 +290,7 @@ def _register_builtin() -> None:
             "SGLang calls this method for every tokenized prompt, single or batched; the wrapper refuses an empty "
             "one with a 400 naming the field, then runs SGLang's method unchanged (srt/engine/request_guard.py)."
         ),
-        apply=_wrap_validate_one_request,
+        apply=functools.partial(_wrap_tokenizer_manager, "_validate_one_request", "wrap_validate_one_request"),
     ))
     REGISTRY.register(Override(
         name="tokenizer_manager_resume_in_engine",
@@ -331,7 +305,7 @@ def _register_builtin() -> None:
             "no longer has it): held, an update or pause here would wait on work elsewhere, and SGLang's writer-"
             "preferring lock then deadlocks across instances."
         ),
-        apply=_wrap_stream_one_response,
+        apply=functools.partial(_wrap_tokenizer_manager, "_stream_one_response", "wrap_stream_one_response"),
     ))
     REGISTRY.register(Override(
         name="tokenizer_manager_keep_prompt_ids",
@@ -343,7 +317,7 @@ def _register_builtin() -> None:
             "own ids on the request object so they are not tokenized a second time on the event loop; SGLang's "
             "method runs unchanged (srt/engine/hooks.py)."
         ),
-        apply=_wrap_tokenize_one_request,
+        apply=functools.partial(_wrap_tokenizer_manager, "_tokenize_one_request", "wrap_tokenize_one_request"),
     ))
     from sglang_prorsa.srt.engine.control_guard import GUARDED
 
