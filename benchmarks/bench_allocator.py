@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from sglang_prorsa.srt.role_switch.allocator import AllocationInputs, AllocatorConfig, allocate
+from sglang_prorsa.policy.role_switch.allocator import AllocationInputs, AllocatorConfig, allocate
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BUDGETS = [8 * 2**k for k in range(10)]  # 8 … 4096

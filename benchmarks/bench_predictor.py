@@ -44,10 +44,10 @@ from pathlib import Path
 
 import numpy as np
 
-from sglang_prorsa.srt.forecast.config import PredictorConfig
-from sglang_prorsa.srt.lifecycle.control_plane import LifecycleControlPlane
-from sglang_prorsa.srt.lifecycle.events import EventKind, LifecycleEvent, SandboxMode
-from sglang_prorsa.srt.utils.clock import ManualClock
+from sglang_prorsa.policy.forecast.config import PredictorConfig
+from sglang_prorsa.policy.control_plane import LifecycleControlPlane
+from sglang_prorsa.policy.lifecycle.events import EventKind, LifecycleEvent, SandboxMode
+from sglang_prorsa.policy.clock import ManualClock
 from sglang_prorsa.srt.utils.processes import free_port
 from sglang_prorsa.workload import RolloutSimulator, config_for, preset, replay_events
 from sglang_prorsa.workload.oracle import FloorOracle

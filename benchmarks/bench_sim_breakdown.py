@@ -36,8 +36,8 @@ ONE_RUN = """
 import json, sys, time
 from sglang_prorsa.sim.config import ClusterConfig, RolloutConfig, load_model
 from sglang_prorsa.sim.runner import simulate
-from sglang_prorsa.srt.lifecycle.control_plane import LifecycleControlPlane
-from sglang_prorsa.srt.role_switch.controller import RoleSwitchController
+from sglang_prorsa.policy.control_plane import LifecycleControlPlane
+from sglang_prorsa.policy.role_switch.controller import RoleSwitchController
 
 spent = {"ingest": 0.0, "refresh": 0.0, "controller": 0.0}
 counted = {"events": 0, "refreshes": 0}

@@ -15,10 +15,10 @@ import sys
 
 from fastapi import FastAPI
 
-from sglang_prorsa.srt.auth import mount
+from sglang_prorsa.srt.common.auth import mount
 from sglang_prorsa.srt.lifecycle_routes import make_router
-from sglang_prorsa.srt.forecast.config import PredictorConfig
-from sglang_prorsa.srt.lifecycle.control_plane import REFRESH_INTERVAL_S, LifecycleControlPlane
+from sglang_prorsa.policy.forecast.config import PredictorConfig
+from sglang_prorsa.policy.control_plane import REFRESH_INTERVAL_S, LifecycleControlPlane
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 TICK_INTERVAL_S = REFRESH_INTERVAL_S  # refresh lag bound: windows close within this of their scheduled end

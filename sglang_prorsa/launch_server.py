@@ -143,12 +143,12 @@ def main(argv: list[str] | None = None) -> None:
 
         from sglang_prorsa.srt.controller.launcher import run_front
 
-        from sglang_prorsa.srt.auth import AuthKeys
+        from sglang_prorsa.srt.common.auth import AuthKeys
 
         front_args = prepare_server_args(list(sglang_argv))
         run_front(config, sglang_argv, host=front_args.host, port=front_args.port, keys=AuthKeys.of(front_args))
         return
-    from sglang_prorsa.srt.engine.server import run_instance
+    from sglang_prorsa.srt.instance.server import run_instance
 
     run_instance(instance_spec(config, sglang_argv))
 

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from sglang_prorsa.client.errors import HintBufferFull, HintError, InvalidArgument
-from sglang_prorsa.srt.lifecycle.events import MAX_BATCH_EVENTS, EventValidationError, parse_event
+from sglang_prorsa.policy.lifecycle.events import MAX_BATCH_EVENTS, EventValidationError, parse_event
 
 OVERFLOW_POLICIES = ("drop_oldest", "error")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from sglang_prorsa.srt.lifecycle.events import LifecycleEvent
+from sglang_prorsa.policy.lifecycle.events import LifecycleEvent
 
 
 class Lifecycle(Protocol):

@@ -25,7 +25,7 @@ import bisect
 import statistics
 from dataclasses import asdict, dataclass, field
 
-from sglang_prorsa.srt.role_switch.cost import bottleneck_delta, served
+from sglang_prorsa.policy.role_switch.cost import bottleneck_delta, served
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import math
 from operator import attrgetter, itemgetter
 
 from sglang_prorsa.sim.requests import Rank, Request
-from sglang_prorsa.srt.role_switch.capacity import Role
+from sglang_prorsa.policy.role_switch.capacity import Role
 
 INF = math.inf
 _iteration = itemgetter(0)  # completions sort by the iteration that ended them (stable: rank order on ties)

@@ -28,7 +28,7 @@ from sglang_prorsa.sim.metrics import (
 )
 from sglang_prorsa.sim.trainer import Trainer
 from sglang_prorsa.sim.workloads import workload_tasks
-from sglang_prorsa.srt.role_switch.capacity import Role
+from sglang_prorsa.policy.role_switch.capacity import Role
 
 
 def simulate(model: ModelConfig, cluster_cfg: ClusterConfig, rollout: RolloutConfig,

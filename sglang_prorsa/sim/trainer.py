@@ -30,7 +30,7 @@ from typing import Protocol
 
 from sglang_prorsa.sim.config import RolloutConfig
 from sglang_prorsa.sim.events import EventQueue
-from sglang_prorsa.srt.lifecycle.events import EventKind, LifecycleEvent
+from sglang_prorsa.policy.lifecycle.events import EventKind, LifecycleEvent
 from sglang_prorsa.workload.generator import TrajectoryPlan, WorkloadGenerator
 from sglang_prorsa.workload.presets import TaskProfile
 

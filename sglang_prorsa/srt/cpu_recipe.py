@@ -46,6 +46,11 @@ CPU_FLAGS: tuple[FlagDefault, ...] = (
     # server; a fixed token budget keeps several instances on one machine.
     FlagDefault("--max-total-tokens", "131072", "size the CPU KV pool by tokens, not by free RAM",
                 ("--mem-fraction-static",)),
+    # Even with a token budget SGLang checks that the RAM free after loading the weights exceeds (1 - fraction) of the
+    # RAM free before; on a shared host another server starting meanwhile eats that margin and the start fails
+    # ("Loaded weights leave no GPU memory for the KV cache", seen at the auto-picked 0.846 with five instances
+    # starting). The pool is sized by --max-total-tokens, so the fraction only needs to keep that check passing.
+    FlagDefault("--mem-fraction-static", "0.97", "the token budget sizes the pool; only keep SGLang's free-RAM check"),
 )
 
 # Decode servers on CPU: the default retraction backup registers host memory with CUDA and dies. Set everywhere:

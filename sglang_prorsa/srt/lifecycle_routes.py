@@ -40,10 +40,10 @@ except ImportError:  # pragma: no cover - orjson is pinned in requirements/base.
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from sglang_prorsa.srt.auth import admin
-from sglang_prorsa.srt.forecast.config import ConfigError
-from sglang_prorsa.srt.lifecycle.control_plane import LifecycleControlPlane
-from sglang_prorsa.srt.lifecycle.events import EventValidationError, parse_payload
+from sglang_prorsa.srt.common.auth import admin
+from sglang_prorsa.policy.forecast.config import ConfigError
+from sglang_prorsa.policy.control_plane import LifecycleControlPlane
+from sglang_prorsa.policy.lifecycle.events import EventValidationError, parse_payload
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 # Smaller bodies (a few dozen events) are applied on the event loop when the state is free: a thread hop costs more.

@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 
 import requests
 
-from sglang_prorsa.srt.messages import ROUTE_HEADER
+from sglang_prorsa.srt.common.messages import ROUTE_HEADER
 
 
 def instances(url: str) -> list[dict]:

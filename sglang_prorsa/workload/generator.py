@@ -14,7 +14,7 @@ import itertools
 import random
 from dataclasses import dataclass
 
-from sglang_prorsa.srt.lifecycle.events import SandboxMode
+from sglang_prorsa.policy.lifecycle.events import SandboxMode
 from sglang_prorsa.workload.presets import TaskProfile
 
 

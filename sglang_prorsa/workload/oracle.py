@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sglang_prorsa.srt.forecast.grid import GridCurve, chain_table
-from sglang_prorsa.srt.forecast.sampler import InjectionPolicy
-from sglang_prorsa.srt.lifecycle.events import EventKind, LifecycleEvent, SandboxMode
+from sglang_prorsa.policy.forecast.grid import GridCurve, chain_table
+from sglang_prorsa.policy.forecast.sampler import InjectionPolicy
+from sglang_prorsa.policy.lifecycle.events import EventKind, LifecycleEvent, SandboxMode
 from sglang_prorsa.workload.generator import TrajectoryPlan, WorkloadGenerator
 from sglang_prorsa.workload.presets import WorkloadSpec
 from sglang_prorsa.workload.simulator import HINT_DELAY_S

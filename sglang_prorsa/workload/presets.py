@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from sglang_prorsa.srt.forecast.profile import PrefillTimeProfile
-from sglang_prorsa.srt.forecast.sampler import InjectionConfig, InjectionPolicy
+from sglang_prorsa.policy.forecast.profile import PrefillTimeProfile
+from sglang_prorsa.policy.forecast.sampler import InjectionConfig, InjectionPolicy
 
 
 @dataclass(frozen=True)

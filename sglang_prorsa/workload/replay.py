@@ -12,12 +12,12 @@ import time
 from dataclasses import dataclass
 from typing import Iterable
 
-from sglang_prorsa.srt.forecast.accuracy import WapeSummary, WindowRecord
-from sglang_prorsa.srt.forecast.config import PredictorConfig
-from sglang_prorsa.srt.forecast.sampler import InjectionConfig, InjectionPolicy
-from sglang_prorsa.srt.lifecycle.control_plane import LifecycleControlPlane
-from sglang_prorsa.srt.lifecycle.events import LifecycleEvent
-from sglang_prorsa.srt.utils.clock import ManualClock
+from sglang_prorsa.policy.forecast.accuracy import WapeSummary, WindowRecord
+from sglang_prorsa.policy.forecast.config import PredictorConfig
+from sglang_prorsa.policy.forecast.sampler import InjectionConfig, InjectionPolicy
+from sglang_prorsa.policy.control_plane import LifecycleControlPlane
+from sglang_prorsa.policy.lifecycle.events import LifecycleEvent
+from sglang_prorsa.policy.clock import ManualClock
 from sglang_prorsa.workload.presets import WorkloadSpec
 from sglang_prorsa.workload.simulator import RolloutSimulator
 

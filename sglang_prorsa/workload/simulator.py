@@ -23,8 +23,8 @@ import math
 import random
 from typing import Callable, Iterator
 
-from sglang_prorsa.srt.forecast.sampler import InjectionPolicy
-from sglang_prorsa.srt.lifecycle.events import EventKind, LifecycleEvent
+from sglang_prorsa.policy.forecast.sampler import InjectionPolicy
+from sglang_prorsa.policy.lifecycle.events import EventKind, LifecycleEvent
 from sglang_prorsa.workload.generator import TrajectoryPlan, WorkloadGenerator
 from sglang_prorsa.workload.presets import WorkloadSpec
 

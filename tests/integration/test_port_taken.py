@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import socket
 
-from sglang_prorsa.srt.messages import PORT_TAKEN_EXIT
+from sglang_prorsa.srt.common.messages import PORT_TAKEN_EXIT
 from sglang_prorsa.srt.utils import processes
 
 from tests_support import ENGINE_FLAGS

@@ -49,7 +49,7 @@ def test_bad_combinations_name_the_flag(argv, flag):
 
 def test_the_dwell_guard_is_configured_whole():
     """Dwell = max(--prorsa-min-dwell, --prorsa-dwell-switch-costs x last switch time): both 0 turn it off."""
-    from sglang_prorsa.srt.role_switch.planner import PlannerConfig
+    from sglang_prorsa.policy.role_switch.planner import PlannerConfig
 
     config, _ = split_prorsa_flags(["--pd-adaptive"])
     assert (config.prorsa_min_dwell_s, config.prorsa_dwell_switch_costs) == (30.0, 6.0)

@@ -21,8 +21,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sglang_prorsa import __version__
 from sglang_prorsa.config import Mode, ProrsaConfig
-from sglang_prorsa.srt.auth import AuthKeys, admin, mark_admin_routes, mount
-from sglang_prorsa.srt.auth import install as install_auth
+from sglang_prorsa.srt.common.auth import AuthKeys, admin, mark_admin_routes, mount
+from sglang_prorsa.srt.common.auth import install as install_auth
 from sglang_prorsa.srt.controller.control_ops import ControlOps
 from sglang_prorsa.srt.controller.control_ops import mount as mount_control_ops
 from sglang_prorsa.srt.controller.health import Health
@@ -30,16 +30,16 @@ from sglang_prorsa.srt.controller.http import Http
 from sglang_prorsa.srt.controller.loop import ControlLoop
 from sglang_prorsa.srt.controller.metrics import merge_prometheus
 from sglang_prorsa.srt.controller.orchestrator import Orchestrator, SwitchRefused
-from sglang_prorsa.srt.controller.registry import Registry, State, UnknownInstance
+from sglang_prorsa.srt.common.registry import Registry, State, UnknownInstance
 from sglang_prorsa.srt.controller.router_pools import RouterPools
-from sglang_prorsa.srt.role_switch.capacity import CannotDecide
-from sglang_prorsa.srt.http_utils import coded_error, field_error, json_body
+from sglang_prorsa.policy.role_switch.capacity import CannotDecide
+from sglang_prorsa.srt.common.http_utils import coded_error, field_error, json_body
 from sglang_prorsa.srt.lifecycle_routes import make_router
-from sglang_prorsa.srt.forecast.config import PredictorConfig
+from sglang_prorsa.policy.forecast.config import PredictorConfig
 from sglang_prorsa.srt.front.asgi import GenerationFastPath
 from sglang_prorsa.srt.front.relay import Relay
-from sglang_prorsa.srt.lifecycle.control_plane import LifecycleControlPlane
-from sglang_prorsa.srt.messages import Code
+from sglang_prorsa.policy.control_plane import LifecycleControlPlane
+from sglang_prorsa.srt.common.messages import Code
 
 logger = logging.getLogger("sglang_prorsa.front")
 

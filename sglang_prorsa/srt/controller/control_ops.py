@@ -22,9 +22,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from sglang_prorsa.srt.auth import admin
-from sglang_prorsa.srt.controller.registry import State
-from sglang_prorsa.srt.messages import Code
+from sglang_prorsa.srt.common.auth import admin
+from sglang_prorsa.srt.common.registry import State
+from sglang_prorsa.srt.common.messages import Code
 
 logger = logging.getLogger(__name__)
 

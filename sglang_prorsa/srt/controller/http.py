@@ -10,8 +10,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from sglang_prorsa.srt.auth import AuthKeys
-from sglang_prorsa.srt.http_utils import UPSTREAM_KEEPALIVE_S
+from sglang_prorsa.srt.common.auth import AuthKeys
+from sglang_prorsa.srt.common.http_utils import UPSTREAM_KEEPALIVE_S
 
 
 class Http:

@@ -1,7 +1,7 @@
 """``launch_server --pd-adaptive | --pd-static P:D | --pd-colocated N``: start the front's own engine instances, then
 serve the front (relay + controller) on ``--host/--port``.
 
-Each instance is a separate process (``python -m sglang_prorsa.srt.engine --spec FILE``) handed an ``InstanceSpec``
+Each instance is a separate process (``python -m sglang_prorsa.srt.instance --spec FILE``) handed an ``InstanceSpec``
 whole: the user's SGLang flags unchanged, plus the port, role and bootstrap port the front chose. Instances on other
 machines join the same controller with ``launch_server --prorsa-controller URL`` (``--prorsa-instances 0`` starts
 none here).
@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from sglang_prorsa.config import InstanceSpec, Mode, ProrsaConfig
-from sglang_prorsa.srt.auth import AuthKeys
-from sglang_prorsa.srt.controller.registry import Instance, Registry, State
+from sglang_prorsa.srt.common.auth import AuthKeys
+from sglang_prorsa.srt.common.registry import Instance, Registry, State
 
 logger = logging.getLogger("sglang_prorsa.front")
 
-INSTANCE_MODULE = "sglang_prorsa.srt.engine"
+INSTANCE_MODULE = "sglang_prorsa.srt.instance"
 READY_TIMEOUT_S = 900.0
 PORT_RETRIES = 3
 SHUTDOWN_GRACE_S = 15.0  # requests still open this long after SIGTERM are cut (their callers get an error)

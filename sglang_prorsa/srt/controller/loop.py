@@ -16,13 +16,13 @@ from sglang_prorsa.config import ProrsaConfig
 from sglang_prorsa.srt.controller.health import Health
 from sglang_prorsa.srt.controller.http import Http
 from sglang_prorsa.srt.controller.orchestrator import Orchestrator, SwitchRefused
-from sglang_prorsa.srt.controller.registry import Instance, Registry, State
-from sglang_prorsa.srt.lifecycle.control_plane import LifecycleControlPlane
-from sglang_prorsa.srt.role_switch.capacity import CannotDecide
-from sglang_prorsa.srt.role_switch.controller import ControlInputs, ControllerConfig, RoleSwitchController
-from sglang_prorsa.srt.role_switch.planner import PlannerConfig
-from sglang_prorsa.srt.role_switch.theta import ThetaConfig, ThetaModel, ThetaSample
-from sglang_prorsa.srt.utils.clock import WallClock
+from sglang_prorsa.srt.common.registry import Instance, Registry, State
+from sglang_prorsa.policy.control_plane import LifecycleControlPlane
+from sglang_prorsa.policy.role_switch.capacity import CannotDecide
+from sglang_prorsa.policy.role_switch.controller import ControlInputs, ControllerConfig, RoleSwitchController
+from sglang_prorsa.policy.role_switch.planner import PlannerConfig
+from sglang_prorsa.policy.role_switch.theta import ThetaConfig, ThetaModel, ThetaSample
+from sglang_prorsa.policy.clock import WallClock
 
 logger = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from collections import deque
 from typing import Any
 
 from sglang_prorsa.srt.controller.http import Http
-from sglang_prorsa.srt.controller.registry import Registry, State
+from sglang_prorsa.srt.common.registry import Registry, State
 from sglang_prorsa.srt.controller.router_pools import RouterPoolError, RouterPools
-from sglang_prorsa.srt.messages import Code
+from sglang_prorsa.srt.common.messages import Code
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import torch
 
-from sglang_prorsa.srt.disaggregation.kv_store import KVStore, block_keys, layout_id, open_store
+from sglang_prorsa.srt.disaggregation.kv_store import FileKVStore, KVStore, block_keys, layout_id
 
 # A block aims at a few MiB: per-entry costs (a file, a store round trip) dominate small blocks (measured: the file
 # store writes 64-256 KiB blocks at ~0.2 GB/s and 1-8 MiB blocks at 0.5-1 GB/s), while one block is also the unit
@@ -22,6 +22,18 @@ from sglang_prorsa.srt.disaggregation.kv_store import KVStore, block_keys, layou
 TARGET_BLOCK_BYTES = 2 << 20
 MIN_BLOCK_TOKENS, MAX_BLOCK_TOKENS = 16, 1024
 DEFAULT_FILE_STORE = os.path.join(os.path.expanduser("~/.cache/sglang-prorsa"), "kv-store")
+
+
+def open_store(kind: str, **kwargs: Any) -> KVStore:
+    """``open_store("file", root=..., capacity_bytes=...)`` or ``open_store("mooncake", master_address=..., ...)``."""
+    if kind == "file":
+        return FileKVStore(**kwargs)
+    if kind == "mooncake":
+        # Imported here: only a Mooncake deployment needs the mooncake package loaded.
+        from sglang_prorsa.srt.disaggregation.kv_store_mooncake import MooncakeKVStore
+
+        return MooncakeKVStore.from_kwargs(**kwargs)
+    raise ValueError(f"unknown KV store kind {kind!r}: want 'file' or 'mooncake'")
 
 
 @dataclass(frozen=True)

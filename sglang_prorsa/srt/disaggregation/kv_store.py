@@ -13,7 +13,7 @@ the resume path falls back to recomputation and can count it.
 
 Two backends share the semantics implemented by :class:`IndexedKVStore` (capacity bound with LRU eviction,
 time-to-live, statistics): :class:`FileKVStore` (a directory on one machine) and ``MooncakeKVStore``
-(the Mooncake Store, in ``kv_store_mooncake``; importable from here lazily so this module never needs mooncake).
+(the Mooncake Store, in ``kv_store_mooncake``, which imports this module; ``kv_persist.open_store`` picks one).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 import xxhash
 
-from sglang_prorsa.srt.utils.clock import Clock, WallClock
+from sglang_prorsa.policy.clock import Clock, WallClock
 
 logger = logging.getLogger(__name__)
 
@@ -559,29 +559,3 @@ def _write_all(fd: int, data: Payload) -> None:
     while view.nbytes:
         n = os.write(fd, view)
         view = view[n:]
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Factory
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def open_store(kind: str, **kwargs: Any) -> KVStore:
-    """``open_store("file", root=..., capacity_bytes=...)`` or ``open_store("mooncake", master_address=..., ...)``."""
-    if kind == "file":
-        return FileKVStore(**kwargs)
-    if kind == "mooncake":
-        from sglang_prorsa.srt.disaggregation.kv_store_mooncake import MooncakeKVStore
-
-        return MooncakeKVStore.from_kwargs(**kwargs)
-    raise ValueError(f"unknown KV store kind {kind!r}: want 'file' or 'mooncake'")
-
-
-def __getattr__(name: str) -> Any:
-    # MooncakeKVStore lives in its own module so that importing this one never imports mooncake.
-    if name in ("MooncakeKVStore", "MooncakeStoreConfig"):
-        from sglang_prorsa.srt.disaggregation import kv_store_mooncake
-
-        return getattr(kv_store_mooncake, name)
-    raise AttributeError(name)
-

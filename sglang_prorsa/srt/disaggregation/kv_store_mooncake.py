@@ -38,7 +38,7 @@ from sglang_prorsa.srt.disaggregation.kv_store import (
     KVStoreError,
     Payload,
 )
-from sglang_prorsa.srt.utils.clock import Clock
+from sglang_prorsa.policy.clock import Clock
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from sglang_prorsa.srt.engine.stitch import continuation_spans
-from sglang_prorsa.srt.messages import LOST_HEADER, MAX_DEATHS, RESUME_HEADER, Code, MigratedRequest, QueuedItem, Stage
+from sglang_prorsa.srt.common.messages import LOST_HEADER, MAX_DEATHS, RESUME_HEADER, Code, MigratedRequest, QueuedItem, Stage
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Records of the requests the scheduler took off this instance, by rid, until their resume claims them.
 
-The scheduler pushes a record *before* it aborts the request (``srt/channel.py``), usually here or waiting in the
+The scheduler pushes a record *before* it aborts the request (``srt/common/channel.py``), usually here or waiting in the
 channel by the time the abort reaches the tokenizer manager; ``claim`` drains the channel before it answers, and a
 record still on its way is waited for by the caller (``aborts.late_record``).
 Unclaimed records (a request whose caller went away) expire, so the book stays bounded.
@@ -12,7 +12,7 @@ import time
 from collections import OrderedDict, deque
 from typing import Callable
 
-from sglang_prorsa.srt.messages import MigratedRequest
+from sglang_prorsa.srt.common.messages import MigratedRequest
 
 RECORD_TTL_S = 600.0
 MAX_RECORDS = 100_000

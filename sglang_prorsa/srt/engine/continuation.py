@@ -30,8 +30,8 @@ import orjson
 from sglang_prorsa.srt.engine import aborts
 from sglang_prorsa.srt.engine.peers import NoPair, Peer
 from sglang_prorsa.srt.engine.stitch import Kept, Stitcher
-from sglang_prorsa.srt.http_utils import died_serving
-from sglang_prorsa.srt.messages import LOST_HEADER, MAX_DEATHS, RESUME_HEADER, ROLE_HEADER, Code, MigratedRequest
+from sglang_prorsa.srt.common.http_utils import died_serving
+from sglang_prorsa.srt.common.messages import LOST_HEADER, MAX_DEATHS, RESUME_HEADER, ROLE_HEADER, Code, MigratedRequest
 
 logger = logging.getLogger(__name__)
 

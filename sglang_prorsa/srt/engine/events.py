@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable
 
-from sglang_prorsa.srt.messages import Decoding
+from sglang_prorsa.srt.common.messages import Decoding
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The two places the engine extension joins SGLang's tokenizer manager (registered in ``srt/overrides.py``).
+"""The two places the engine extension joins SGLang's tokenizer manager (registered in ``srt/instance/overrides.py``).
 
 ``generate_request`` is wrapped twice. The outer wrapper refuses, with a 400 naming the field, a request that would
 crash the scheduler (``request_guard.py``). The inner one (every generation caller: ``/generate``, the OpenAI routes, in-process callers) passes
@@ -21,12 +21,12 @@ from sglang_prorsa.srt.engine import aborts, request_guard
 from sglang_prorsa.srt.engine.aborts import HandedBack
 from sglang_prorsa.srt.engine.continuation import aborted_output
 from sglang_prorsa.srt.engine.side import EngineSide, forwarded_headers, keep_prompt_ids
-from sglang_prorsa.srt.lifecycle.events import MAX_ID_CHARS
-from sglang_prorsa.srt.messages import RESUME_HEADER, ROLE_HEADER
+from sglang_prorsa.policy.lifecycle.events import MAX_ID_CHARS
+from sglang_prorsa.srt.common.messages import RESUME_HEADER, ROLE_HEADER
 
 logger = logging.getLogger(__name__)
 
-ENGINE: EngineSide | None = None  # set once per instance process by srt/engine/server.py
+ENGINE: EngineSide | None = None  # set once per instance process by srt/instance/server.py
 _INPUT_ERRORS = (TypeError, AttributeError, KeyError, IndexError, OverflowError)
 
 

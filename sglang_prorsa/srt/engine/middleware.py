@@ -103,7 +103,7 @@ def typed_error(body: bytes) -> bytes:
         return body
     if not isinstance(parsed, dict):
         return body
-    from sglang_prorsa.srt.messages import Code
+    from sglang_prorsa.srt.common.messages import Code
 
     detail = parsed.get("detail")
     if isinstance(detail, str):  # FastAPI's shape for an HTTPException
@@ -139,7 +139,7 @@ def _raised_validating(e: BaseException) -> bool:
 
 
 async def _refuse(send: Any, field: str, message: str) -> None:
-    from sglang_prorsa.srt.messages import Code
+    from sglang_prorsa.srt.common.messages import Code
 
     body = orjson.dumps({"error": f"field '{field}': {message}", "field": field, "code": Code.INVALID.value})
     await send({"type": "http.response.start", "status": 400,
@@ -148,7 +148,7 @@ async def _refuse(send: Any, field: str, message: str) -> None:
 
 
 async def _unsupported(send: Any, path: str) -> None:
-    from sglang_prorsa.srt.messages import Code
+    from sglang_prorsa.srt.common.messages import Code
 
     body = orjson.dumps({"success": False, "code": Code.UNSUPPORTED.value,
                          "message": f"{path[1:]} needs a CUDA device (SGLang's torch_memory_saver); "

@@ -10,7 +10,7 @@ tokenizer side (a sampling parameter of the wrong type). ``check`` refuses all o
 instance's middleware adds the field to the JSON body.
 
 The request's shape is read as SGLang reads it (``GenerateReqInput._determine_batch_size``): ``text`` first, then
-``input_ids``, then ``input_embeds``; ``n > 1`` makes a single prompt a batch. Registered in ``srt/overrides.py``
+``input_ids``, then ``input_embeds``; ``n > 1`` makes a single prompt a batch. Registered in ``srt/instance/overrides.py``
 (``tokenizer_manager_refuse_scheduler_crashers``): it runs in our ``generate_request`` wrapper for every
 ``GenerateReqInput``, whatever route or in-process caller made it.
 """

@@ -26,14 +26,14 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from sglang_prorsa.srt.auth import admin
+from sglang_prorsa.srt.common.auth import admin
 from sglang_prorsa.srt.disaggregation.kv_store import check_key
 from sglang_prorsa.srt.engine.peers import Peer
 from sglang_prorsa.srt.engine.side import EngineSide
 from sglang_prorsa.srt.engine.switch import SwitchFailed, SwitchJob
 from sglang_prorsa.srt.engine.watchdog import held_rooms, stuck_rooms
-from sglang_prorsa.srt.http_utils import coded_error, field_error, json_body
-from sglang_prorsa.srt.messages import ChannelError, Code, Inventory, LoadPrefix, PeerLost, Status
+from sglang_prorsa.srt.common.http_utils import coded_error, field_error, json_body
+from sglang_prorsa.srt.common.messages import ChannelError, Code, Inventory, LoadPrefix, PeerLost, Status
 from sglang_prorsa.srt.scheduler.counters import prometheus_text
 
 logger = logging.getLogger(__name__)

@@ -17,16 +17,16 @@ import aiohttp
 import orjson
 
 from sglang_prorsa.config import InstanceSpec
-from sglang_prorsa.srt.auth import AuthKeys
-from sglang_prorsa.srt.channel import EngineChannel
+from sglang_prorsa.srt.common.auth import AuthKeys
+from sglang_prorsa.srt.common.channel import EngineChannel
 from sglang_prorsa.srt.engine.book import RecordBook
 from sglang_prorsa.srt.engine.continuation import (Continuation, ResumeFailed, SuspectedPoison, handed_on_output,
                                                    kept_from)
 from sglang_prorsa.srt.engine.events import EngineEvents
 from sglang_prorsa.srt.engine.peers import Peer, PeerView
 from sglang_prorsa.srt.engine.stitch import Shape, Stitcher
-from sglang_prorsa.srt.http_utils import UPSTREAM_KEEPALIVE_S, post_fresh
-from sglang_prorsa.srt.messages import (
+from sglang_prorsa.srt.common.http_utils import UPSTREAM_KEEPALIVE_S, post_fresh
+from sglang_prorsa.srt.common.messages import (
     RESUME_HEADER,
     Code,
     ForgetPrefill,

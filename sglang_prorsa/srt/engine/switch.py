@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from sglang_prorsa.srt.engine import watchdog
-from sglang_prorsa.srt.messages import Inventory, MigrateOut, Status
+from sglang_prorsa.srt.common.messages import Inventory, MigrateOut, Status
 
 logger = logging.getLogger(__name__)
 

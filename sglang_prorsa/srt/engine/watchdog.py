@@ -26,7 +26,7 @@ import asyncio
 import logging
 from typing import Any
 
-from sglang_prorsa.srt.messages import Inventory, InventoryResult, PeerLost
+from sglang_prorsa.srt.common.messages import Inventory, InventoryResult, PeerLost
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from sglang_prorsa.srt.front.relay import Relay
-from sglang_prorsa.srt.messages import Code
+from sglang_prorsa.srt.common.messages import Code
 
 logger = logging.getLogger(__name__)
 

@@ -26,10 +26,10 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from sglang_prorsa.srt.controller.registry import Instance, Registry
-from sglang_prorsa.srt.http_utils import UPSTREAM_KEEPALIVE_S, died_serving, post_fresh
-from sglang_prorsa.srt.lifecycle.events import MAX_ID_CHARS
-from sglang_prorsa.srt.messages import LOST_HEADER, MAX_DEATHS, ROLE_HEADER, ROUTE_HEADER, Code
+from sglang_prorsa.srt.common.registry import Instance, Registry
+from sglang_prorsa.srt.common.http_utils import UPSTREAM_KEEPALIVE_S, died_serving, post_fresh
+from sglang_prorsa.policy.lifecycle.events import MAX_ID_CHARS
+from sglang_prorsa.srt.common.messages import LOST_HEADER, MAX_DEATHS, ROLE_HEADER, ROUTE_HEADER, Code
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict, defaultdict, deque
 from typing import Any, Iterable
 
-from sglang_prorsa.srt.messages import BusyInterval
+from sglang_prorsa.srt.common.messages import BusyInterval
 
 MAX_KEPT_INTERVALS = 256  # the most recent completed intervals, numbered; a reader asks for those after its last
 MAX_TRACKED_REQUESTS = 16384  # per-request prompt work, newest kept: bounded whatever the traffic

@@ -1,7 +1,7 @@
 """Our extension of SGLang's scheduler: take requests off a busy instance with their tokens and KV, release the
 halves of PD pairs that moved elsewhere, load persisted prefixes, report counters and busy intervals.
 
-Bound onto ``sglang.srt.managers.scheduler.Scheduler`` through the override registry (``srt/overrides.py``).
+Bound onto ``sglang.srt.managers.scheduler.Scheduler`` through the override registry (``srt/instance/overrides.py``).
 Everything runs from the scheduler's own event loop, between two forward passes (``process_input_requests``), so
 batches, queues and the KV pool are never touched while the model runs. Device tensors stay where they are: on a GPU
 the same code exports from device memory with the CUDA/Triton kernels.
@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_prorsa.srt import sglang_internals
-from sglang_prorsa.srt.channel import ChannelAddresses, SchedulerChannel
+from sglang_prorsa.srt.common import sglang_internals
+from sglang_prorsa.srt.common.channel import ChannelAddresses, SchedulerChannel
 from sglang_prorsa.srt.disaggregation.kv_persist import KVStoreConfig
-from sglang_prorsa.srt.messages import (
+from sglang_prorsa.srt.common.messages import (
     Code,
     Decoding,
     ForgetPrefill,

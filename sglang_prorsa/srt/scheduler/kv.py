@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from sglang_prorsa.srt.disaggregation.kv_persist import KVStoreConfig, layout_of, load_blocks, persist_request_kv
-from sglang_prorsa.srt.messages import LoadPrefix, LoadPrefixResult, MigratedRequest
+from sglang_prorsa.srt.common.messages import LoadPrefix, LoadPrefixResult, MigratedRequest
 from sglang_prorsa.srt.scheduler.counters import InstanceCounters
 
 logger = logging.getLogger(__name__)

@@ -180,7 +180,7 @@ def ready_or_restarted(srv: ServerProcess, restart: Callable[[int], ServerProces
     """Wait for ``srv``. Its ports were free when chosen, but another process may bind one first: the server then
     exits with ``PORT_TAKEN_EXIT`` and ``restart(attempt)`` starts it again on fresh ports, up to ``retries`` times.
     Returns the process that serves and how long it took to be ready."""
-    from sglang_prorsa.srt.messages import PORT_TAKEN_EXIT
+    from sglang_prorsa.srt.common.messages import PORT_TAKEN_EXIT
 
     for attempt in range(1, retries + 2):
         try:

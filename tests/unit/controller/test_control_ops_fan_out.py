@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from aiohttp import web
 
 from sglang_prorsa.srt.controller.control_ops import OPS, ControlOps
-from sglang_prorsa.srt.controller.registry import Instance, Registry, State
+from sglang_prorsa.srt.common.registry import Instance, Registry, State
 from sglang_prorsa.srt.front.relay import Relay
 from unit_support import loopback_upstream
 

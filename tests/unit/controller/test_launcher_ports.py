@@ -11,7 +11,7 @@ import pytest
 
 from sglang_prorsa.config import InstanceSpec, ProrsaConfig
 from sglang_prorsa.srt.controller import launcher
-from sglang_prorsa.srt.messages import PORT_TAKEN_EXIT
+from sglang_prorsa.srt.common.messages import PORT_TAKEN_EXIT
 
 
 class StandIn:

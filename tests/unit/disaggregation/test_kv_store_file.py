@@ -16,10 +16,10 @@ from sglang_prorsa.srt.disaggregation.kv_store import (
     decode_header,
     encode_header,
     layout_id,
-    open_store,
     verify,
 )
-from sglang_prorsa.srt.utils.clock import ManualClock
+from sglang_prorsa.srt.disaggregation.kv_persist import open_store
+from sglang_prorsa.policy.clock import ManualClock
 
 LAYOUT = layout_id("tiny-llama", "torch.bfloat16", layers=2, kv_heads=4, head_dim=64)
 MB = 1 << 20

@@ -13,7 +13,7 @@ import pytest
 
 from sglang_prorsa.srt.engine import continuation as cont
 from sglang_prorsa.srt.engine.peers import Peer
-from sglang_prorsa.srt.messages import LOST_HEADER, MigratedRequest, Stage
+from sglang_prorsa.srt.common.messages import LOST_HEADER, MigratedRequest, Stage
 
 
 class Side:
@@ -106,7 +106,7 @@ def _request(**headers):
 
 def test_a_continuation_half_whose_prefill_died_is_handed_back_saying_so_until_the_second_death():
     from sglang_prorsa.srt.engine.aborts import INSTANCE_LOST, HandedBack, _hand_back_if_queued
-    from sglang_prorsa.srt.messages import RESUME_HEADER
+    from sglang_prorsa.srt.common.messages import RESUME_HEADER
 
     side = SimpleNamespace(counters=collections.Counter())
 

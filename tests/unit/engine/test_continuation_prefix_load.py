@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from sglang_prorsa.srt.engine import continuation as cont
 from sglang_prorsa.srt.engine.peers import Peer
-from sglang_prorsa.srt.messages import MigratedRequest, Stage
+from sglang_prorsa.srt.common.messages import MigratedRequest, Stage
 
 
 class Side:

@@ -13,7 +13,7 @@ import pytest
 
 from sglang_prorsa.srt.engine import continuation as cont
 from sglang_prorsa.srt.engine.peers import NoPair, Peer
-from sglang_prorsa.srt.messages import MigratedRequest, Stage
+from sglang_prorsa.srt.common.messages import MigratedRequest, Stage
 
 
 class Peers:

@@ -4,10 +4,10 @@ at a non-streamed request's only output; once per request; the rid map stays bou
 import time
 
 
-from sglang_prorsa.srt.channel import ChannelAddresses, EngineChannel, SchedulerChannel
+from sglang_prorsa.srt.common.channel import ChannelAddresses, EngineChannel, SchedulerChannel
 from sglang_prorsa.srt.engine import events as events_module
 from sglang_prorsa.srt.engine.events import EngineEvents
-from sglang_prorsa.srt.messages import Decoding, MigratedRequest, Stage
+from sglang_prorsa.srt.common.messages import Decoding, MigratedRequest, Stage
 
 
 def local_events() -> EngineEvents:

@@ -6,7 +6,7 @@ from collections import Counter
 from types import SimpleNamespace
 
 from sglang_prorsa.srt.engine import switch, watchdog
-from sglang_prorsa.srt.messages import Inventory, InventoryResult, MigrateOutResult, QueuedItem, Status
+from sglang_prorsa.srt.common.messages import Inventory, InventoryResult, MigrateOutResult, QueuedItem, Status
 
 
 class _Side:

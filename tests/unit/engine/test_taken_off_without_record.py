@@ -19,7 +19,7 @@ from sglang_prorsa.srt.engine import continuation as cont
 from sglang_prorsa.srt.engine.book import RecordBook
 from sglang_prorsa.srt.engine.peers import Peer
 from sglang_prorsa.srt.engine.stitch import Kept, Shape, Stitcher
-from sglang_prorsa.srt.messages import Code, MigratedRequest, Stage
+from sglang_prorsa.srt.common.messages import Code, MigratedRequest, Stage
 
 OURS = {"type": "abort", "message": "prorsa: migrated", "err_type": Code.MIGRATED.value}
 

@@ -4,7 +4,7 @@
 import orjson
 
 from sglang_prorsa.srt.engine.middleware import typed_error
-from sglang_prorsa.srt.messages import Code
+from sglang_prorsa.srt.common.messages import Code
 
 
 def test_sglang_generate_400_gets_the_field():
@@ -59,7 +59,7 @@ def test_a_request_model_validator_that_raises_is_the_callers_400():
         async def start(self):
             return None
 
-    app.add_middleware(EngineMiddleware, side=Side())  # where the instance adds it (srt/engine/server.py)
+    app.add_middleware(EngineMiddleware, side=Side())  # where the instance adds it (srt/instance/server.py)
     mw = app
 
     async def call(body: dict):

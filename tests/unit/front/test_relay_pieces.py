@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from sglang_prorsa.srt.controller.registry import Instance, Registry, State
+from sglang_prorsa.srt.common.registry import Instance, Registry, State
 from sglang_prorsa.srt.front.relay import NoRoute, Relay, _with_bootstrap, prompt_tokens
 
 

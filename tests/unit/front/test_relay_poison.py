@@ -12,9 +12,9 @@ import orjson
 from aiohttp import web
 
 from sglang_prorsa.srt.controller.app import GENERATION_PATHS
-from sglang_prorsa.srt.controller.registry import Instance, Registry, State
+from sglang_prorsa.srt.common.registry import Instance, Registry, State
 from sglang_prorsa.srt.front.asgi import GenerationFastPath
-from sglang_prorsa.srt.messages import LOST_HEADER
+from sglang_prorsa.srt.common.messages import LOST_HEADER
 from sglang_prorsa.srt.front.relay import Relay
 from test_asgi_fast_path import App, call
 from unit_support import loopback_upstream

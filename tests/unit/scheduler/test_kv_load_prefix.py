@@ -21,7 +21,7 @@ from sglang.srt.mem_cache.base_prefix_cache import InsertParams  # noqa: E402
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # noqa: E402
 
-from sglang_prorsa.srt.messages import LoadPrefix  # noqa: E402
+from sglang_prorsa.srt.common.messages import LoadPrefix  # noqa: E402
 from sglang_prorsa.srt.scheduler import kv as kv_module  # noqa: E402
 from sglang_prorsa.srt.scheduler.counters import InstanceCounters  # noqa: E402
 from sglang_prorsa.srt.scheduler.kv import KVSide  # noqa: E402

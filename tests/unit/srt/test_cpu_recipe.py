@@ -11,7 +11,8 @@ def test_recipe_adds_every_flag_when_none_given():
     out = cpu_recipe.apply_cpu_flags(["--port", "1"])
     for flag, value in [("--device", "cpu"), ("--attention-backend", "torch_native"),
                         ("--sampling-backend", "pytorch"), ("--grammar-backend", "none"),
-                        ("--cuda-graph-backend-decode", "disabled"), ("--max-total-tokens", "131072")]:
+                        ("--cuda-graph-backend-decode", "disabled"), ("--max-total-tokens", "131072"),
+                        ("--mem-fraction-static", "0.97")]:
         assert cpu_recipe.flag_value(out, flag) == value
     assert "--sleep-on-idle" in out and "--disable-overlap-schedule" in out
     # Every server: an instance a front starts as prefill may become decode (and the flag is inert elsewhere).
@@ -25,6 +26,14 @@ def test_explicit_flags_win():
     assert out.count("--attention-backend=triton") == 1 and "--attention-backend" not in out
     assert not cpu_recipe.given(out, "--cuda-graph-backend-decode")  # settled by --disable-cuda-graph
     assert not cpu_recipe.given(out, "--max-total-tokens")  # settled by --mem-fraction-static
+    assert cpu_recipe.flag_value(out, "--mem-fraction-static") == "0.3" and out.count("--mem-fraction-static") == 1
+
+
+def test_a_token_budget_given_still_gets_the_high_fraction():
+    # The fraction only keeps SGLang's free-RAM check passing while other servers start beside this one.
+    out = cpu_recipe.apply_cpu_flags(["--max-total-tokens", "65536"])
+    assert cpu_recipe.flag_value(out, "--max-total-tokens") == "65536" and out.count("--max-total-tokens") == 1
+    assert cpu_recipe.flag_value(out, "--mem-fraction-static") == "0.97"
 
 
 def test_decode_servers_get_a_cpu_retraction_backup():

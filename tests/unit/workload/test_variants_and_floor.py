@@ -5,9 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from sglang_prorsa.srt.forecast.sampler import InjectionPolicy
-from sglang_prorsa.srt.lifecycle.events import EventKind
-from sglang_prorsa.srt.lifecycle.tracker import TrajectoryTracker
+from sglang_prorsa.policy.forecast.sampler import InjectionPolicy
+from sglang_prorsa.policy.lifecycle.events import EventKind
+from sglang_prorsa.policy.lifecycle.tracker import TrajectoryTracker
 from sglang_prorsa.workload import RolloutSimulator, WorkloadGenerator, config_for, preset
 from sglang_prorsa.workload.oracle import FloorOracle
 from sglang_prorsa.workload.presets import Bimodal, Gamma, LogNormal, Weibull, scaled, varied

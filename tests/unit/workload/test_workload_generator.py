@@ -2,9 +2,9 @@
 
 import pytest
 
-from sglang_prorsa.srt.forecast.sampler import InjectionConfig, InjectionPolicy
-from sglang_prorsa.srt.lifecycle.events import EventKind
-from sglang_prorsa.srt.lifecycle.tracker import TrajectoryTracker
+from sglang_prorsa.policy.forecast.sampler import InjectionConfig, InjectionPolicy
+from sglang_prorsa.policy.lifecycle.events import EventKind
+from sglang_prorsa.policy.lifecycle.tracker import TrajectoryTracker
 from sglang_prorsa.workload import TASKS, RolloutSimulator, WorkloadGenerator, preset, replay_workload
 from sglang_prorsa.workload.presets import with_injection
 

@@ -1,0 +1,160 @@
+"""The controller's registry of engine instances: the one owner of who serves which role, in which state.
+
+Instances enter it two ways: started by a front (``launcher.py``), or registered by URL
+(``launch_server --prorsa-controller URL`` on any machine, ``POST /prorsa/register``). Every change of role or state
+bumps ``version`` and is pushed to all instances (``POST /prorsa/peers``), which continue resumed requests on the
+peers they know.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sglang_prorsa.policy.role_switch.capacity import InstanceReport, InstanceStatus, Role
+
+
+class State(str, enum.Enum):
+    STARTING = "starting"  # registered or started, not yet answering
+    ACTIVE = "active"  # serving its role and in the routing pools
+    DRAINING = "draining"  # out of the pools, its requests being taken off (Appendix C)
+    SWITCHING = "switching"  # rebuilding its role
+    UNHEALTHY = "unhealthy"  # failed liveness checks or a rebuild; not routable
+    DEAD = "dead"  # its process is gone (a front restarts the instances it started)
+
+
+_AS_REPORT_STATUS = {State.ACTIVE: InstanceStatus.ACTIVE, State.DRAINING: InstanceStatus.DRAINING,
+                     State.SWITCHING: InstanceStatus.SWITCHING}
+
+
+@dataclass
+class Instance:
+    instance_id: str
+    url: str
+    role: str  # prefill | decode | null (colocated)
+    bootstrap_host: str = "127.0.0.1"
+    bootstrap_port: int | None = None
+    state: State = State.STARTING
+    started_here: bool = False  # a front started (and may restart) it
+    gpus: int = 1
+    role_since: float | None = None
+    target_role: str | None = None  # while draining/switching
+    switches: int = 0
+    epoch: int = 0  # bumped whenever its transfer endpoints change (a role rebuild, a restart)
+    # Loads: what the front has in flight there, and the instance's own last report.
+    inflight: int = 0
+    inflight_prompt_tokens: int = 0
+    running: int = 0
+    queued: int = 0
+    kv_footprint_tokens: int = 0
+    kv_capacity_tokens: int = 0
+    prefix_cache_tokens: int = 0
+    last_seen: float = 0.0
+    missed_checks: int = 0
+    busy_seq: int = -1  # the last busy interval read from it (θ)
+    last_switch_s: float | None = None
+    pid: int | None = None  # the process, for an instance this front started
+
+    @property
+    def routable(self) -> bool:
+        return self.state is State.ACTIVE
+
+    def peer_json(self) -> dict[str, Any]:
+        return {"instance_id": self.instance_id, "url": self.url, "role": self.role, "status": self.state.value,
+                "bootstrap_host": self.bootstrap_host, "bootstrap_port": self.bootstrap_port, "epoch": self.epoch}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "instance": self.instance_id, "url": self.url, "role": self.role, "status": self.state.value,
+            "bootstrap_host": self.bootstrap_host, "bootstrap_port": self.bootstrap_port,
+            "started_here": self.started_here, "inflight_requests": self.inflight,
+            "inflight_prompt_tokens": self.inflight_prompt_tokens, "running": self.running, "queued": self.queued,
+            "kv_footprint_tokens": self.kv_footprint_tokens, "kv_capacity_tokens": self.kv_capacity_tokens,
+            "prefix_cache_tokens": self.prefix_cache_tokens, "switches": self.switches, "role_since": self.role_since,
+            "target_role": self.target_role, "last_switch_s": self.last_switch_s, "epoch": self.epoch,
+            "pid": self.pid,
+        }
+
+    def report(self) -> InstanceReport | None:
+        """This instance as the allocation sees it (None: not counted, e.g. dead or colocated)."""
+        status = _AS_REPORT_STATUS.get(self.state)
+        role = self.target_role or self.role
+        if status is None or role not in ("prefill", "decode"):
+            return None
+        decode = role == "decode"
+        return InstanceReport(
+            instance_id=self.instance_id, role=Role(role), status=status, gpus=self.gpus,
+            inflight_prompt_tokens=0 if decode else self.inflight_prompt_tokens,
+            decode_kv_used=self.kv_footprint_tokens if decode else 0,
+            decode_kv_capacity=self.kv_capacity_tokens if decode else 0, role_since=self.role_since,
+            running_requests=self.running, queued_requests=self.queued, prefix_cache_tokens=self.prefix_cache_tokens,
+            # a prefill instance's radix cache lives in its KV pool (the controller's C^D_KV fallback reads it)
+            prefix_cache_capacity=0 if decode else self.kv_capacity_tokens)
+
+
+class UnknownInstance(KeyError):
+    pass
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.instances: dict[str, Instance] = {}
+        self.version = 0
+
+    def __iter__(self):
+        return iter(list(self.instances.values()))
+
+    def __len__(self) -> int:
+        return len(self.instances)
+
+    def get(self, instance_id: str) -> Instance:
+        try:
+            return self.instances[instance_id]
+        except KeyError:
+            raise UnknownInstance(instance_id) from None
+
+    def add(self, inst: Instance) -> Instance:
+        self.instances[inst.instance_id] = inst
+        self.bump()
+        return inst
+
+    def register(self, instance_id: str, url: str, role: str, bootstrap_host: str,
+                 bootstrap_port: int | None) -> tuple[Instance, bool]:
+        """An instance announces itself (again): (its entry, whether it is new). A known instance keeps the state the
+        controller tracks; only its liveness is refreshed."""
+        known = self.instances.get(instance_id)
+        if known is not None:
+            known.last_seen = time.time()
+            if known.state in (State.DEAD, State.UNHEALTHY) and known.url == url:
+                # Back after a restart: its transfer endpoints are new (decode instances re-learn them).
+                known.state, known.role, known.epoch = State.ACTIVE, role, known.epoch + 1
+                known.missed_checks = 0
+                self.bump()
+            return known, False
+        inst = Instance(instance_id=instance_id, url=url.rstrip("/"), role=role, bootstrap_host=bootstrap_host,
+                        bootstrap_port=bootstrap_port, state=State.ACTIVE, last_seen=time.time())
+        return self.add(inst), True
+
+    def set_state(self, inst: Instance, state: State, target_role: str | None = None) -> None:
+        inst.state, inst.target_role = state, target_role
+        self.bump()
+
+    def set_role(self, inst: Instance, role: str) -> None:
+        inst.role, inst.target_role, inst.state = role, None, State.ACTIVE
+        inst.role_since = time.time()
+        inst.switches += 1
+        self.bump()
+
+    def bump(self) -> None:
+        self.version += 1
+
+    def routable(self, role: str) -> list[Instance]:
+        return [i for i in self.instances.values() if i.role == role and i.routable]
+
+    def peers_payload(self) -> dict[str, Any]:
+        return {"version": self.version, "instances": [i.peer_json() for i in self.instances.values()]}
+
+    def reports(self) -> list[InstanceReport]:
+        return [r for r in (i.report() for i in self.instances.values()) if r is not None]
