@@ -122,7 +122,10 @@ def main() -> None:
     for (c, n), rs in ratios.items():
         f = [r for r in rows if (r["concurrency"], r["new_tokens"], r["relay"]) == (c, n, "front")]
         g = [r for r in rows if (r["concurrency"], r["new_tokens"], r["relay"]) == (c, n, "router")]
-        med = lambda xs, k: statistics.median(x[k] for x in xs)
+
+        def med(xs: list[dict], k: str) -> float:
+            return statistics.median(x[k] for x in xs)
+
         summary.append({"concurrency": c, "new_tokens": n, "front_req_s": med(f, "req_s"),
                         "router_req_s": med(g, "req_s"), "front_p50_s": med(f, "p50_s"), "front_p99_s": med(f, "p99_s"),
                         "router_p50_s": med(g, "p50_s"), "router_p99_s": med(g, "p99_s"),

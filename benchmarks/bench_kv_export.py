@@ -37,7 +37,6 @@ from typing import Callable
 import torch
 
 
-
 def _import_kernels() -> ModuleType:
     """``sglang_prorsa.kernels``, installed or, from a plain checkout (a bare GPU box), loaded from ``kernels/``."""
     try:
@@ -225,8 +224,8 @@ def plot(results: list[Result], path: Path, title: str) -> None:
 
 def _cases(args: argparse.Namespace) -> tuple[list[Case], list[Case]]:
     """The size sweep and the layout/page-size/dtype sweep, minus cases over the memory cap."""
-    sweep = [Case(t, l, args.page_size, "mha", args.heads, args.head_dim, args.dtype)
-             for l in args.layers for t in args.tokens]
+    sweep = [Case(t, layers, args.page_size, "mha", args.heads, args.head_dim, args.dtype)
+             for layers in args.layers for t in args.tokens]
     variants = [Case(args.variant_tokens, args.layers[0], p, "mha", args.heads, args.head_dim, d)
                 for p in (1, 16, 64) for d in ("bf16", "fp8")]
     variants += [Case(args.variant_tokens, args.layers[0], p, "mla", 1, 576, "bf16") for p in (1, 64)]

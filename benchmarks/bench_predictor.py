@@ -44,10 +44,10 @@ from pathlib import Path
 
 import numpy as np
 
-from sglang_prorsa.policy.forecast.config import PredictorConfig
-from sglang_prorsa.policy.control_plane import LifecycleControlPlane
-from sglang_prorsa.policy.lifecycle.events import EventKind, LifecycleEvent, SandboxMode
 from sglang_prorsa.policy.clock import ManualClock
+from sglang_prorsa.policy.control_plane import LifecycleControlPlane
+from sglang_prorsa.policy.forecast.config import PredictorConfig
+from sglang_prorsa.policy.lifecycle.events import EventKind, LifecycleEvent, SandboxMode
 from sglang_prorsa.srt.utils.processes import free_port
 from sglang_prorsa.workload import RolloutSimulator, config_for, preset, replay_events
 from sglang_prorsa.workload.oracle import FloorOracle
@@ -244,10 +244,10 @@ def _start_control_plane(root: Path):
         try:
             if requests.get(f"{url}/health", timeout=1).ok:
                 return proc, url
-        except requests.ConnectionError:
+        except requests.ConnectionError as err:
             if time.monotonic() > deadline:
                 os.kill(proc.pid, signal.SIGTERM)
-                raise RuntimeError("control plane did not start")
+                raise RuntimeError("control plane did not start") from err
             time.sleep(0.1)
 
 

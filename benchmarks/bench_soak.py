@@ -56,7 +56,7 @@ def token_range(text: str) -> tuple[int, int]:
     try:
         lo_i, hi_i = int(lo), int(hi or lo)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected LO:HI, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected LO:HI, got {text!r}") from None
     if not 1 <= lo_i <= hi_i:
         raise argparse.ArgumentTypeError(f"expected 1 <= LO <= HI, got {text!r}")
     return lo_i, hi_i

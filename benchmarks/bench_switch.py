@@ -34,7 +34,10 @@ def one_point(url: str, n: int, ctx: int, seed: int) -> dict:
     target = next(i for i in instances(url) if i["role"] == "decode")
     prompts = [[10 + (seed * 97 + i) % 800] + [(seed + i * 37 + j * 11) % 900 + 20 for j in range(ctx - 1)]
                for i in range(2 * n)]  # the front spreads them over the two decode instances
-    body = lambda p: {"input_ids": p, "sampling_params": {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}}
+
+    def body(p: list[int]) -> dict:
+        return {"input_ids": p, "sampling_params": {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}}
+
     response, answers, before = switch_under_load(
         url, lambda p: requests.post(url + "/generate", json=body(p), timeout=900), prompts, target, "prefill",
         ready=lambda st: st["running"] >= n, timeout_s=600)

@@ -26,12 +26,12 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sglang_prorsa.policy.clock import ManualClock
 from sglang_prorsa.policy.role_switch.allocator import AllocationInputs
 from sglang_prorsa.policy.role_switch.capacity import InstanceReport, InstanceStatus, Role
 from sglang_prorsa.policy.role_switch.controller import ControllerConfig, RoleSwitchController
 from sglang_prorsa.policy.role_switch.planner import PlannerConfig
 from sglang_prorsa.policy.role_switch.theta import ThetaConfig, ThetaModel
-from sglang_prorsa.policy.clock import ManualClock
 
 RESULTS = Path(__file__).resolve().parent / "results"
 INSTANCES, HORIZON_S, SWITCH_S, DURATION_S = 16, 10.0, 5.0, 600

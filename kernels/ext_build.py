@@ -15,6 +15,8 @@ from typing import Any, Sequence
 
 import torch
 
+from sglang_prorsa.srt.common.paths import cache_root
+
 logger = logging.getLogger(__name__)
 
 # The package directory is ``kernels/`` at the repository root (installed editable as ``sglang_prorsa.kernels``).
@@ -25,9 +27,10 @@ CACHE_ENV = "SGLANG_PRORSA_EXT_DIR"
 
 
 def cache_dir() -> Path:
-    """Where builds go: ``$SGLANG_PRORSA_EXT_DIR`` or ``~/.cache/sglang-prorsa/torch_extensions``."""
-    root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "sglang-prorsa" / "torch_extensions"
-    return Path(root)
+    """Where builds go: ``$SGLANG_PRORSA_EXT_DIR``, or ``torch_extensions`` in the cache root (``paths.cache_root()``:
+    ``$SGLANG_PRORSA_CACHE`` or ``~/.cache/sglang-prorsa``)."""
+    root = os.environ.get(CACHE_ENV)
+    return Path(root) if root else cache_root() / "torch_extensions"
 
 
 class ExtensionUnavailable(RuntimeError):

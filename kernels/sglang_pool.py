@@ -22,9 +22,11 @@ def layout_of_pool(pool: Any) -> KVPoolLayout:
     if cls in _MHA_POOLS:
         # SGLang's alternatives to token-major rows ("hnd": [pages, heads, page, dim], ROCm's "vectorized_5d") keep a
         # page contiguous but order its bytes differently, so records would not be interchangeable with "nhd" pools.
-        pool_layout = getattr(pool, "kv_cache_layout", "nhd")
+        # Declared in srt/common/sglang_internals.py and checked at start-up, like k_buffer, v_buffer and page_size.
+        pool_layout = pool.kv_cache_layout
         if pool_layout != "nhd":
             raise ValueError(f"{cls} with kv_cache_layout={pool_layout!r} is not supported; only 'nhd'")
+        # getattr: SGLang 0.5.23 sets the scale buffers only off NPU (and reads them with getattr itself).
         if getattr(pool, "k_scale_buffer", None) is not None or getattr(pool, "v_scale_buffer", None) is not None:
             raise ValueError(f"{cls} with per-token scale buffers (quantized KV) is not supported")
         return KVPoolLayout.from_mha(pool.k_buffer, pool.v_buffer, pool.page_size)

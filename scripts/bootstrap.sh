@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project's virtual environment, keyed by the pinned requirements, and install the package.
 #   scripts/bootstrap.sh VENV REQUIREMENTS
+# VENV is $(CACHE)/venv-<key> from the Makefile, whose CACHE is the one cache root of sglang_prorsa/srt/common/paths.py
+# ($SGLANG_PRORSA_CACHE, else ~/.cache/sglang-prorsa); this script defines no path of its own.
 # The venv lives in a cache outside the clone so CI runs and later sessions reuse it; a half-built one (no stamp)
 # is removed and rebuilt. System packages Mooncake needs over TCP (libibverbs) are installed when missing.
 set -euo pipefail
@@ -37,6 +39,15 @@ if [ ! -f "$stamp" ]; then
   end=$(date +%s)
   log "environment ready in $((end - start)) s ($(du -sh "$venv" | cut -f1))"
   touch "$stamp"
+fi
+
+# Development tools (ruff, mypy): into the same environment, again whenever requirements/dev.txt changes.
+tools_stamp="$venv/.prorsa-dev-$(sha256sum "$root/requirements/dev.txt" | cut -c1-12)"
+if [ ! -f "$tools_stamp" ]; then
+  log "installing development tools from requirements/dev.txt"
+  "$venv/bin/pip" install -q -r "$root/requirements/dev.txt"
+  rm -f "$venv"/.prorsa-dev-*
+  touch "$tools_stamp"
 fi
 
 # The package itself: editable, no dependency resolution (the requirements already pin them). Redone only when

@@ -16,6 +16,8 @@ import re
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
+from sglang_prorsa.policy.horizon import DEFAULT_HORIZON_S
+
 
 class Mode(str, enum.Enum):
     SINGLE = "single"  # one plain SGLang server with the Prorsa routes (its own control plane)
@@ -32,7 +34,7 @@ class ProrsaConfig:
     pd_colocated: int = 0
     prorsa_instances: int = 3
     prorsa_initial_prefill: int = 1
-    prorsa_horizon_s: float = 10.0
+    prorsa_horizon_s: float = DEFAULT_HORIZON_S  # S: the one horizon of this process (policy/horizon.py)
     prorsa_control_interval_s: float = 0.0  # 0: once per horizon, as the paper refreshes every S seconds
     prorsa_manual_switch: bool = False
     prorsa_min_dwell_s: float = 30.0
@@ -153,8 +155,9 @@ _HELP = {
     "prorsa_instances": "Engine instances started under --pd-adaptive (default: 3; 0: none here, only instances that "
     "register with --prorsa-controller).",
     "prorsa_initial_prefill": "How many of them start as prefill instances (default: 1).",
-    "prorsa_horizon_s": "Forecast horizon S in seconds (paper Appendix B; default: 10); also the control interval "
-    "unless --prorsa-control-interval is given.",
+    "prorsa_horizon_s": f"Forecast horizon S in seconds (paper Appendix B; default: {DEFAULT_HORIZON_S:g}): the one S "
+    "of the forecast, the allocation and the planner, and the control interval unless --prorsa-control-interval is "
+    "given. POST /lifecycle/config cannot change it while the server runs.",
     "prorsa_control_interval_s": "Seconds between allocation decisions (default: the horizon).",
     "prorsa_manual_switch": "Do not switch roles automatically; switches happen only through POST /prorsa/switch.",
     "prorsa_min_dwell_s": "Anti-flapping: seconds an instance keeps a new role before it may switch again (default: 30).",

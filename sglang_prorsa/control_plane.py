@@ -15,10 +15,11 @@ import sys
 
 from fastapi import FastAPI
 
+from sglang_prorsa.policy.control_plane import REFRESH_INTERVAL_S, LifecycleControlPlane
+from sglang_prorsa.policy.forecast.config import PredictorConfig
+from sglang_prorsa.policy.horizon import DEFAULT_HORIZON_S
 from sglang_prorsa.srt.common.auth import mount
 from sglang_prorsa.srt.lifecycle_routes import make_router
-from sglang_prorsa.policy.forecast.config import PredictorConfig
-from sglang_prorsa.policy.control_plane import REFRESH_INTERVAL_S, LifecycleControlPlane
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 TICK_INTERVAL_S = REFRESH_INTERVAL_S  # refresh lag bound: windows close within this of their scheduled end
@@ -49,19 +50,26 @@ def build_app(control_plane: LifecycleControlPlane | None = None) -> FastAPI:
     return app
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30100)
     parser.add_argument("--allow-remote", action="store_true", help="permit a non-loopback --host (no auth!)")
-    parser.add_argument("--horizon", type=float, default=10.0, help="forecast horizon S in seconds (Appendix B)")
+    # Here the forecast is S's only consumer (no allocation, no control loop), so POST /lifecycle/config may still
+    # move it; a server built by the launcher fixes it at --prorsa-horizon (srt/lifecycle_routes.control_plane_for).
+    parser.add_argument("--horizon", type=float, default=DEFAULT_HORIZON_S,
+                        help=f"forecast horizon S in seconds (Appendix B; default: {DEFAULT_HORIZON_S:g})")
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     if not (args.horizon > 0):
         parser.error(f"--horizon must be > 0, got {args.horizon}")
     if args.host not in LOOPBACK_HOSTS and not args.allow_remote:
         parser.error(f"--host {args.host} is not loopback; the API is unauthenticated (pass --allow-remote to insist)")
+    return args
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     import uvicorn
 
     logging.basicConfig(level=args.log_level.upper())

@@ -20,8 +20,8 @@ import os
 import re
 import sys
 
-from sglang_prorsa.srt import cpu_recipe
 from sglang_prorsa.config import ConfigError, InstanceSpec, Mode, ProrsaConfig, add_prorsa_flags, split_prorsa_flags
+from sglang_prorsa.srt import cpu_recipe
 
 logger = logging.getLogger("sglang_prorsa.launch")
 
@@ -141,9 +141,8 @@ def main(argv: list[str] | None = None) -> None:
     if config.mode in (Mode.ADAPTIVE, Mode.STATIC, Mode.COLOCATED):
         from sglang.srt.server_args import prepare_server_args
 
-        from sglang_prorsa.srt.controller.launcher import run_front
-
         from sglang_prorsa.srt.common.auth import AuthKeys
+        from sglang_prorsa.srt.controller.launcher import run_front
 
         front_args = prepare_server_args(list(sglang_argv))
         run_front(config, sglang_argv, host=front_args.host, port=front_args.port, keys=AuthKeys.of(front_args))

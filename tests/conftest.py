@@ -1,10 +1,16 @@
 """Shared test configuration: every server a test starts binds and advertises 127.0.0.1 only.
 
+Tiers by path: everything under ``tests/unit`` is marked ``unit`` (no servers; ``make test-unit``), everything under
+``tests/integration`` ``integration`` (real SGLang servers; ``make test-integration``); ``-m unit`` selects the same.
+
 Hypothesis profiles (``sglang_prorsa/testing/profiles.py``): ``ci`` is the default; ``pytest
 --hypothesis-profile=full`` runs every property test at its full example count (``examples(n)``).
 """
 
 import os
+from pathlib import Path
+
+import pytest
 
 from sglang_prorsa.testing import profiles
 
@@ -13,3 +19,12 @@ os.environ.setdefault("MOONCAKE_PROTOCOL", "tcp")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 profiles.register()
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = Path(item.path).resolve().relative_to(TESTS).parts[0]
+        item.add_marker(getattr(pytest.mark, tier))

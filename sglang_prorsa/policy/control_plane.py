@@ -19,14 +19,14 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence, overload
 
-from sglang_prorsa.policy.forecast.config import PredictorConfig, apply_config_update
+from sglang_prorsa.policy.clock import Clock, WallClock
+from sglang_prorsa.policy.forecast.config import FixedSettingError, PredictorConfig, apply_config_update
 from sglang_prorsa.policy.forecast.predictor import Forecast, WorkloadPredictor
 from sglang_prorsa.policy.lifecycle.engine_api import EngineLifecycleReporter
 from sglang_prorsa.policy.lifecycle.events import MAX_BATCH_EVENTS, LifecycleEvent, parse_payload
 from sglang_prorsa.policy.lifecycle.tracker import Outcome, TrajectoryTracker
-from sglang_prorsa.policy.clock import Clock, WallClock
 
 logger = logging.getLogger(__name__)
 _APPLIED, _DUPLICATE = Outcome.APPLIED, Outcome.DUPLICATE  # module constants: enum attribute look-ups are slow
@@ -53,9 +53,12 @@ class IngestResult:
 
 class LifecycleControlPlane:
     def __init__(self, clock: Clock | None = None, config: PredictorConfig | None = None,
-                 max_batch_events: int = MAX_BATCH_EVENTS) -> None:
+                 max_batch_events: int = MAX_BATCH_EVENTS, horizon_fixed_by: str = "") -> None:
         self.clock = clock or WallClock()
         self.max_batch_events = max_batch_events
+        # The flag that set S when S has consumers beyond this forecast (a server: the allocation, the control
+        # interval, /prorsa/decision and /prorsa/info read it too): ``configure`` then refuses to move it.
+        self.horizon_fixed_by = horizon_fixed_by
         self.tracker = TrajectoryTracker()
         self.predictor = WorkloadPredictor(self.tracker, config or PredictorConfig())
         self.engine = EngineLifecycleReporter(self.ingest)  # the engine front's API
@@ -78,6 +81,12 @@ class LifecycleControlPlane:
     def ingest_payload(self, payload: Any) -> IngestResult:
         """Validate a ``POST /lifecycle`` body (raises ``EventValidationError``), then apply it atomically."""
         return self.ingest(parse_payload(payload, self.max_batch_events))
+
+    @overload
+    def ingest(self, events: Sequence[LifecycleEvent], *, wait: Literal[True] = ...) -> IngestResult: ...
+
+    @overload
+    def ingest(self, events: Sequence[LifecycleEvent], *, wait: bool) -> IngestResult | None: ...
 
     def ingest(self, events: Sequence[LifecycleEvent], *, wait: bool = True) -> IngestResult | None:
         """Apply already-typed events in order; events without ``ts`` are stamped with the clock on receipt.
@@ -117,9 +126,23 @@ class LifecycleControlPlane:
         return IngestResult(len(events), applied, duplicates, rejected, rejections)
 
     def configure(self, payload: Any) -> PredictorConfig:
-        """Merge a ``POST /lifecycle/config`` body (raises ``ConfigError``) and apply it."""
+        """Merge a ``POST /lifecycle/config`` body (raises ``ConfigError``) and apply it.
+
+        With ``horizon_fixed_by`` set, a ``horizon_s`` other than the one in force is refused whole (nothing applied)
+        with ``FixedSettingError`` (409, naming the field and the flag); the same value is accepted, so a trainer that
+        posts back what ``GET /lifecycle/config`` returned still succeeds. Refused rather than passed on because on a
+        server S is read by the forecast, Eq. 1 and the planner, the control loop's sleep and what /prorsa/decision and
+        /prorsa/info report, on other threads and mid-tick: a live change would have a tick allocate a forecast made
+        over one S with another (wrong by S_new/S_old), reset the forecast's residual history, and could not shorten
+        a control interval already being slept. A horizon is a deployment choice made once, with the flag."""
         with self._lock:
             config = apply_config_update(self.predictor.config, payload)
+            current = self.predictor.config.horizon_s
+            if self.horizon_fixed_by and config.horizon_s != current:
+                raise FixedSettingError("horizon_s", (
+                    f"this server's horizon S is {current:g} s, set by {self.horizon_fixed_by} for the forecast, the "
+                    f"allocation and the control interval alike; restart it with {self.horizon_fixed_by} "
+                    f"{config.horizon_s:g} to change it"))
             self.predictor.reconfigure(config)
             self._current = None
             return config

@@ -21,8 +21,16 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from sglang_prorsa.sim.config import MODES, PLANNERS, ROUTING, ClusterConfig, RolloutConfig, available_models, \
-    load_model
+from sglang_prorsa.policy.horizon import DEFAULT_HORIZON_S
+from sglang_prorsa.sim.config import (
+    MODES,
+    PLANNERS,
+    ROUTING,
+    ClusterConfig,
+    RolloutConfig,
+    available_models,
+    load_model,
+)
 from sglang_prorsa.sim.metrics import SimResult
 from sglang_prorsa.sim.runner import simulate, static_ratios
 from sglang_prorsa.sim.workloads import default_group_size, workload_tasks
@@ -193,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--seeds", type=_at_least(1), default=1, help="repeat over seeds seed .. seed+N-1")
         p.add_argument("--gpus", type=_at_least(1), default=128)
         p.add_argument("--prefill-instances", type=_at_least(0), default=0)
-        p.add_argument("--horizon", type=_at_least(0.0, float, strict=True), default=10.0,
+        p.add_argument("--horizon", type=_at_least(0.0, float, strict=True), default=DEFAULT_HORIZON_S,
                        help="S: forecast horizon and control period")
         p.add_argument("--min-dwell", type=_at_least(0.0, float), default=30.0)
         p.add_argument("--hysteresis", type=_at_least(0.0, float), default=0.1,

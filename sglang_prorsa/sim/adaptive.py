@@ -30,13 +30,12 @@ import heapq
 import itertools
 import math
 
-from sglang_prorsa.sim.config import ClusterConfig, ModelConfig, RolloutConfig
-from sglang_prorsa.sim.perf_model import PROFILE_POINTS, PerfModel
+from sglang_prorsa.policy.clock import ManualClock
+from sglang_prorsa.policy.control_plane import LifecycleControlPlane
 from sglang_prorsa.policy.forecast.accuracy import WindowRecord
 from sglang_prorsa.policy.forecast.config import PredictorConfig
 from sglang_prorsa.policy.forecast.profile import PrefillTimeProfile
 from sglang_prorsa.policy.forecast.sampler import InjectionConfig, InjectionPolicy
-from sglang_prorsa.policy.control_plane import LifecycleControlPlane
 from sglang_prorsa.policy.lifecycle.events import EventKind, LifecycleEvent
 from sglang_prorsa.policy.role_switch.allocator import AllocatorConfig
 from sglang_prorsa.policy.role_switch.capacity import CapacityConfig, InstanceReport, InstanceStatus, Role
@@ -44,7 +43,8 @@ from sglang_prorsa.policy.role_switch.controller import ControlInputs, Controlle
 from sglang_prorsa.policy.role_switch.cost import CostConfig
 from sglang_prorsa.policy.role_switch.planner import PlannerConfig
 from sglang_prorsa.policy.role_switch.theta import ThetaConfig, ThetaModel, ThetaSample
-from sglang_prorsa.policy.clock import ManualClock
+from sglang_prorsa.sim.config import ClusterConfig, ModelConfig, RolloutConfig
+from sglang_prorsa.sim.perf_model import PROFILE_POINTS, PerfModel
 from sglang_prorsa.workload.generator import WorkloadGenerator
 from sglang_prorsa.workload.presets import TaskProfile
 from sglang_prorsa.workload.scaling import PlanScale

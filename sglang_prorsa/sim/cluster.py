@@ -35,13 +35,13 @@ import random
 from collections import deque
 from functools import partial
 
+from sglang_prorsa.policy.role_switch.capacity import InstanceStatus, Role
 from sglang_prorsa.sim.config import ClusterConfig, ModelConfig, RolloutConfig
 from sglang_prorsa.sim.events import EventQueue
 from sglang_prorsa.sim.instance import INF, Instance, Rank, Request
 from sglang_prorsa.sim.lifecycle_sink import Lifecycle
 from sglang_prorsa.sim.perf_model import PerfModel
 from sglang_prorsa.sim.trainer import Trainer, TrajectoryRun
-from sglang_prorsa.policy.role_switch.capacity import InstanceStatus, Role
 
 BALANCE_ABS, BALANCE_REL = 64, 1.5  # sglang-router cache_aware defaults (--balance-abs/rel-threshold)
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from sglang_prorsa.policy.horizon import DEFAULT_HORIZON_S
 from sglang_prorsa.workload.scaling import PlanScale
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
@@ -188,7 +189,7 @@ class ClusterConfig:
     gpus: int = 128  # G (paper testbed: 16 servers x 8 GPUs, §5.1)
     mode: str = "colocated"  # colocated | static | adaptive
     prefill_instances: int = 0  # static: instances serving prefill (the rest decode); adaptive: the starting split
-    horizon_s: float = 10.0  # S, forecast horizon and control period (Appendix B)
+    horizon_s: float = DEFAULT_HORIZON_S  # S, forecast horizon and control period (Appendix B)
     min_dwell_s: float = 30.0  # planner's dwell floor (planner.py)
     hysteresis: float = 0.1  # planner's absolute coverage band
     max_sim_s: float = 6 * 3600.0  # safety stop in simulated seconds

@@ -22,10 +22,10 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
+from sglang_prorsa.policy.role_switch.capacity import InstanceStatus, Role
 from sglang_prorsa.sim.perf_model import PerfModel
 from sglang_prorsa.sim.regime import INF, RegimeStepper, prefill_queue
 from sglang_prorsa.sim.requests import Rank, Request
-from sglang_prorsa.policy.role_switch.capacity import InstanceStatus, Role
 
 __all__ = ["INF", "Instance", "Rank", "Request"]
 

@@ -21,8 +21,8 @@ import heapq
 import math
 from operator import attrgetter, itemgetter
 
-from sglang_prorsa.sim.requests import Rank, Request
 from sglang_prorsa.policy.role_switch.capacity import Role
+from sglang_prorsa.sim.requests import Rank, Request
 
 INF = math.inf
 _iteration = itemgetter(0)  # completions sort by the iteration that ended them (stable: rank order on ties)

@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from sglang_prorsa.policy.role_switch.capacity import Role
 from sglang_prorsa.sim.adaptive import ControlPlaneDriver
 from sglang_prorsa.sim.cluster import Cluster
 from sglang_prorsa.sim.config import ClusterConfig, ModelConfig, RolloutConfig
@@ -28,7 +29,6 @@ from sglang_prorsa.sim.metrics import (
 )
 from sglang_prorsa.sim.trainer import Trainer
 from sglang_prorsa.sim.workloads import workload_tasks
-from sglang_prorsa.policy.role_switch.capacity import Role
 
 
 def simulate(model: ModelConfig, cluster_cfg: ClusterConfig, rollout: RolloutConfig,

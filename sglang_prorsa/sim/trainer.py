@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
+from sglang_prorsa.policy.lifecycle.events import EventKind, LifecycleEvent
 from sglang_prorsa.sim.config import RolloutConfig
 from sglang_prorsa.sim.events import EventQueue
-from sglang_prorsa.policy.lifecycle.events import EventKind, LifecycleEvent
 from sglang_prorsa.workload.generator import TrajectoryPlan, WorkloadGenerator
 from sglang_prorsa.workload.presets import TaskProfile
 

@@ -16,11 +16,12 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from sglang_prorsa.srt.common.paths import cache_root
+
 logger = logging.getLogger("sglang_prorsa.launch")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STUB_SOURCE = REPO_ROOT / "csrc" / "libcuda_stub.c"
-CACHE = Path(os.environ.get("SGLANG_PRORSA_CACHE", Path.home() / ".cache" / "sglang-prorsa"))
 
 
 @dataclass(frozen=True)
@@ -105,8 +106,10 @@ def apply_cpu_flags(argv: list[str]) -> list[str]:
     return out
 
 
-def build_libcuda_stub(cache: Path = CACHE) -> Path:
-    """Compile ``csrc/libcuda_stub.c`` with gcc into the cache (once per source hash); return its directory."""
+def build_libcuda_stub(cache: Path | None = None) -> Path:
+    """Compile ``csrc/libcuda_stub.c`` with gcc into the cache (``paths.cache_root()`` unless given; once per source
+    hash); return its directory."""
+    cache = cache_root() if cache is None else Path(cache)
     src = STUB_SOURCE.read_bytes()
     out_dir = cache / "libcuda-stub" / hashlib.sha256(src).hexdigest()[:12]
     lib = out_dir / "libcuda.so.1"

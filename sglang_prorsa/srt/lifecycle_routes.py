@@ -1,7 +1,8 @@
 """HTTP routes of the lifecycle control plane (issue 3), as a router any FastAPI app can mount.
 
     POST /lifecycle          one event object or {"events": [...]} (at most MAX_BATCH_EVENTS), applied all-or-none
-    POST /lifecycle/config   injection policy, default prompt length, horizon S, prefill instances / profile
+    POST /lifecycle/config   injection policy, default prompt length, horizon S, prefill instances / profile (on a
+                             server, S is fixed by --prorsa-horizon: another value is a 409, ``fixed_setting``)
     GET  /lifecycle/config   the current configuration
     GET  /lifecycle/status   counters, recent rejected events, state counts
     GET  /prorsa/forecast    the forecast now, or at ?at=<unix seconds>; with a ``baseline`` object (persistence: its
@@ -13,7 +14,8 @@ refresher runs; large ``/lifecycle`` batches are validated and applied in a work
 control plane's lock for O(events)).
 
 Errors: malformed JSON -> 400; validation (unknown event, wrong type, missing or negative field) -> 422; a batch over
-the limit -> 413. The body is ``{"error": "event 3, field 'prompt_tokens': must be >= 0, got -5", "index": 3,
+the limit -> 413; a horizon S other than the one a server was started with -> 409 (``control_plane_for``). The
+body is ``{"error": "event 3, field 'prompt_tokens': must be >= 0, got -5", "index": 3,
 "field": "prompt_tokens"}``. Invalid *transitions* are not errors: the batch is accepted (200) and the response lists
 them under ``rejections`` (the tracker counts them, ``rejected_events`` in the forecast).
 
@@ -40,20 +42,34 @@ except ImportError:  # pragma: no cover - orjson is pinned in requirements/base.
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from sglang_prorsa.srt.common.auth import admin
-from sglang_prorsa.policy.forecast.config import ConfigError
+from sglang_prorsa.config import ProrsaConfig
 from sglang_prorsa.policy.control_plane import LifecycleControlPlane
+from sglang_prorsa.policy.forecast.config import ConfigError, FixedSettingError, PredictorConfig
 from sglang_prorsa.policy.lifecycle.events import EventValidationError, parse_payload
+from sglang_prorsa.srt.common.auth import admin
+from sglang_prorsa.srt.common.messages import Code
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 # Smaller bodies (a few dozen events) are applied on the event loop when the state is free: a thread hop costs more.
 INLINE_BODY_BYTES = 16 * 1024
 
 
-def _error(status: int, message: str, *, index: int | None = None, field: str | None = None) -> JSONResponse:
+def control_plane_for(config: ProrsaConfig) -> LifecycleControlPlane:
+    """The lifecycle control plane of a server launched with ``config`` (the front, or a single server): S from
+    ``--prorsa-horizon``, the one source of the horizon every consumer reads, and fixed there
+    (``LifecycleControlPlane.configure`` says why a live change is refused)."""
+    return LifecycleControlPlane(config=PredictorConfig(horizon_s=config.prorsa_horizon_s),
+                                 horizon_fixed_by="--prorsa-horizon")
+
+
+def _error(status: int, message: str, *, index: int | None = None, field: str | None = None,
+           code: Code | None = None) -> JSONResponse:
     if field is None:  # the whole event (not one of its fields) or the whole body is what is wrong
         field = "body" if index is None else "events"
-    return JSONResponse({"error": message, "index": index, "field": field}, status_code=status)
+    body = {"error": message, "index": index, "field": field}
+    if code is not None:
+        body["code"] = code.value
+    return JSONResponse(body, status_code=status)
 
 
 async def _json_body(request: Request) -> Any:
@@ -71,7 +87,7 @@ def _parse(raw: bytes) -> Any:
     try:
         return _loads(raw)
     except _DecodeError as exc:
-        raise EventValidationError(f"malformed JSON: {exc}", field="body", status=400)
+        raise EventValidationError(f"malformed JSON: {exc}", field="body", status=400) from None
 
 
 def make_router(control_plane: LifecycleControlPlane) -> APIRouter:
@@ -103,8 +119,9 @@ def make_router(control_plane: LifecycleControlPlane) -> APIRouter:
             config = await asyncio.to_thread(control_plane.configure, await _json_body(request))
         except EventValidationError as exc:
             return _error(exc.status, str(exc), field=exc.field)
-        except ConfigError as exc:
-            return _error(422, str(exc), field=exc.field)
+        except ConfigError as exc:  # 422 for a malformed value, 409 for a setting the server fixed at start-up
+            code = Code.FIXED_SETTING if isinstance(exc, FixedSettingError) else Code.INVALID
+            return _error(exc.status, str(exc), field=exc.field, code=code)
         return JSONResponse(config.to_dict())
 
     @router.get("/lifecycle/config")

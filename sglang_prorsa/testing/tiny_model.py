@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-DEFAULT_CACHE = Path(os.environ.get("SGLANG_PRORSA_CACHE", Path.home() / ".cache" / "sglang-prorsa"))
+from sglang_prorsa.srt.common.paths import cache_root
 
 # The words the tokenizer corpus is made of; their frequencies come from the seed.
 _WORDS = (
@@ -170,10 +170,11 @@ def generate(spec: TinyModelSpec, out: Path) -> Path:
     return out
 
 
-def ensure_default_model(spec: TinyModelSpec | None = None, cache: Path = DEFAULT_CACHE) -> Path:
-    """Return the cached model for ``spec``, generating it once (atomically: build in a temp dir, then rename)."""
+def ensure_default_model(spec: TinyModelSpec | None = None, cache: Path | None = None) -> Path:
+    """Return the cached model for ``spec`` under ``cache`` (default: ``paths.cache_root()``), generating it once
+    (atomically: build in a temp dir, then rename)."""
     spec = spec or TinyModelSpec()
-    target = Path(cache) / "models" / f"tiny-llama-{spec.key()}"
+    target = Path(cache_root() if cache is None else cache) / "models" / f"tiny-llama-{spec.key()}"
     if (target / "prorsa_tiny_model.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

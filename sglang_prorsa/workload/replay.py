@@ -12,12 +12,13 @@ import time
 from dataclasses import dataclass
 from typing import Iterable
 
+from sglang_prorsa.policy.clock import ManualClock
+from sglang_prorsa.policy.control_plane import LifecycleControlPlane
 from sglang_prorsa.policy.forecast.accuracy import WapeSummary, WindowRecord
 from sglang_prorsa.policy.forecast.config import PredictorConfig
 from sglang_prorsa.policy.forecast.sampler import InjectionConfig, InjectionPolicy
-from sglang_prorsa.policy.control_plane import LifecycleControlPlane
+from sglang_prorsa.policy.horizon import DEFAULT_HORIZON_S
 from sglang_prorsa.policy.lifecycle.events import LifecycleEvent
-from sglang_prorsa.policy.clock import ManualClock
 from sglang_prorsa.workload.presets import WorkloadSpec
 from sglang_prorsa.workload.simulator import RolloutSimulator
 
@@ -41,7 +42,7 @@ class ReplayReport:
                 f"windows {w.windows:4d}  events {self.events:7d}  rejected {self.rejected_events}")
 
 
-def config_for(spec: WorkloadSpec, horizon_s: float = 10.0) -> PredictorConfig:
+def config_for(spec: WorkloadSpec, horizon_s: float = DEFAULT_HORIZON_S) -> PredictorConfig:
     """What a trainer running ``spec`` would post to /lifecycle/config (synchronous steps: the ``sync`` policy)."""
     injection = spec.rollout.injection
     if spec.rollout.mode == "sync":
@@ -103,7 +104,8 @@ def replay_events(
     )
 
 
-def replay_workload(spec: WorkloadSpec, seed: int = 0, duration_s: float = 1800.0, horizon_s: float = 10.0) -> ReplayReport:
+def replay_workload(spec: WorkloadSpec, seed: int = 0, duration_s: float = 1800.0,
+                    horizon_s: float = DEFAULT_HORIZON_S) -> ReplayReport:
     """Generate ``spec`` for ``duration_s`` simulated seconds and replay it into a fresh control plane."""
     clock = ManualClock(0.0)
     control_plane = LifecycleControlPlane(clock, config_for(spec, horizon_s))

@@ -8,10 +8,10 @@ import asyncio
 import pytest
 import requests
 import torch
+from tests_support import PROMPTS, sampling
 
 from sglang_prorsa.client import AsyncProrsaClient, HintConfig, ProrsaClient
 from sglang_prorsa.srt.utils import processes
-from tests_support import PROMPTS, sampling
 
 pytestmark = pytest.mark.integration
 
@@ -127,7 +127,7 @@ def test_a_hint_outage_does_not_stop_generation(single_server, hf):
     with ProrsaClient(single_server.url, hints_url=dead, hints=cfg) as client:
         with client.trajectory(task="swe") as t:
             outs = []
-            for turn in range(3):
+            for _turn in range(3):
                 g = t.generate(ids, sampling_params=sampling(MAX_NEW))
                 outs.append(g.output_ids)
                 with t.tool("bash"):

@@ -15,11 +15,11 @@ import pytest
 
 pytest.importorskip("mooncake.store")
 
+from sglang_prorsa.policy.clock import ManualClock  # noqa: E402
 from sglang_prorsa.srt.disaggregation.kv_persist import open_store  # noqa: E402
 from sglang_prorsa.srt.disaggregation.kv_store import HEADER_SIZE, encode_header  # noqa: E402
 from sglang_prorsa.srt.disaggregation.kv_store_mooncake import MooncakeKVStore, MooncakeStoreConfig  # noqa: E402
 from sglang_prorsa.srt.disaggregation.mooncake_master import MasterProcess, start_mooncake_master  # noqa: E402
-from sglang_prorsa.policy.clock import ManualClock  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

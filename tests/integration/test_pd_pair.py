@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from tests_support import PROMPTS, generate_ids, sampling
 from transformers import AutoTokenizer
 
 from sglang_prorsa.testing.pd import pd_generate
-from tests_support import PROMPTS, generate_ids, sampling
 
 pytestmark = pytest.mark.integration
 

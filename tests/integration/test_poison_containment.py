@@ -14,7 +14,6 @@ import time
 
 import pytest
 import requests
-
 from tests_support import instances, running_front
 
 pytestmark = pytest.mark.integration

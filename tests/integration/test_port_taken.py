@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import socket
 
+from tests_support import ENGINE_FLAGS
+
 from sglang_prorsa.srt.common.messages import PORT_TAKEN_EXIT
 from sglang_prorsa.srt.utils import processes
-
-from tests_support import ENGINE_FLAGS
 
 
 def test_an_instance_whose_port_is_taken_exits_with_port_taken(tiny_model, log_dir):

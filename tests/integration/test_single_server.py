@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import requests
 import torch
-from transformers import GenerationConfig
-
 from tests_support import PROMPTS, generate_ids
+from transformers import GenerationConfig
 
 pytestmark = pytest.mark.integration
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import requests
+from tests_support import ENGINE_FLAGS, PROMPTS
 
 from sglang_prorsa.srt.utils import processes
-from tests_support import ENGINE_FLAGS, PROMPTS
 
 pytestmark = pytest.mark.integration
 

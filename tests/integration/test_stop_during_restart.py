@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 import requests
+from tests_support import ENGINE_FLAGS
 
 from sglang_prorsa.srt.utils import processes
-from tests_support import ENGINE_FLAGS
 
 pytestmark = pytest.mark.integration
 

@@ -9,10 +9,10 @@ from contextlib import ExitStack
 
 import pytest
 import requests
+from tests_support import ENGINE_FLAGS, LOGPROB_TOL, instances, max_logprob_gap
 
 from sglang_prorsa.srt.utils import processes
 from sglang_prorsa.testing.front_client import busiest, distinct_prompts, generate, run_all, switch_under_load
-from tests_support import ENGINE_FLAGS, LOGPROB_TOL, instances, max_logprob_gap
 
 pytestmark = pytest.mark.integration
 

@@ -24,6 +24,7 @@ FORBIDDEN = ("sglang", "torch", "triton", "fastapi", "starlette", "aiohttp", "re
 # other. A module belongs to the longest prefix listed here; a name in PACKAGE_ONLY stands for that package's
 # ``__init__`` alone, so a new module directly under it must be given a line of its own.
 LAYERS: tuple[tuple[str, ...], ...] = (
+    ("sglang_prorsa.policy.horizon",),  # a constant (S's default) that config.py and the policy share
     ("sglang_prorsa", "sglang_prorsa.config", "sglang_prorsa.policy"),
     ("sglang_prorsa.policy.clock",),
     ("sglang_prorsa.policy.lifecycle",),

@@ -22,6 +22,7 @@ they are (h* shrinks as the backlog grows).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,7 +62,7 @@ def observed_admissions(now: float, horizon_s: float, n_instances: int,
                         inflight_x: np.ndarray, inflight_g: np.ndarray, inflight_start: np.ndarray,
                         inflight_inst: np.ndarray,
                         queued_x: np.ndarray, queued_g: np.ndarray, queued_arrival: np.ndarray,
-                        queued_inst: np.ndarray, kv: "callable") -> ObservedAdmissions:
+                        queued_inst: np.ndarray, kv: Callable[[np.ndarray], np.ndarray]) -> ObservedAdmissions:
     """Eq. 13-14 over the observed requests. Instance ids are small ints (-1: unknown); ``n_instances`` is the
     pool size (at least the number of distinct known instances)."""
     end = now + horizon_s

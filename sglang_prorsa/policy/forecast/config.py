@@ -3,7 +3,9 @@
 Trainer-facing fields (issue 3): the injection policy (``replace_on_reward``; ``fixed_rate`` with ``rate_per_s``;
 ``group`` with ``group_size``; ``sync``, synchronous steps with the next step forecast, optional ``step_size``;
 ``none``, nothing injected), ``default_prompt_tokens`` (x_hat of a new sample, B.2 Eq. 5) and ``horizon_s`` (S,
-default 10 s, Appendix B.1; the server sets it at construction and reports it with every forecast). Engine-facing
+default 10 s, Appendix B.1; the server sets it at construction and reports it with every forecast; a server launched
+with ``--prorsa-horizon`` keeps it fixed, refusing another value with ``FixedSettingError``, see
+``LifecycleControlPlane.configure``). Engine-facing
 fields: the prefill instances, the profiled g(x) and the KV page size for kappa_D(x) (B.7). The rest are priors used
 until enough history exists, and the bias-correction knobs.
 
@@ -24,17 +26,27 @@ from typing import Any
 
 from sglang_prorsa.policy.forecast.profile import PrefillTimeProfile
 from sglang_prorsa.policy.forecast.sampler import InjectionConfig, InjectionPolicy
+from sglang_prorsa.policy.horizon import DEFAULT_HORIZON_S
 
 
 class ConfigError(ValueError):
+    status = 422  # a malformed value
+
     def __init__(self, field_name: str, message: str) -> None:
         super().__init__(f"field '{field_name}': {message}")
         self.field = field_name
 
 
+class FixedSettingError(ConfigError):
+    """A well-formed value for a setting the running process fixed at start-up (the horizon S on a server: its flag
+    is S's one source), different from the value in force."""
+
+    status = 409
+
+
 @dataclass(frozen=True)
 class PredictorConfig:
-    horizon_s: float = 10.0
+    horizon_s: float = DEFAULT_HORIZON_S
     injection: InjectionConfig = field(default_factory=InjectionConfig)
     default_prompt_tokens: int | None = None  # None: learn x_hat from first requests
     prefill_instances: tuple[str, ...] = ()
@@ -123,14 +135,14 @@ def _injection(value: Any) -> InjectionConfig:
         policy = InjectionPolicy(value.get("policy"))
     except ValueError:
         names = ", ".join(p.value for p in InjectionPolicy)
-        raise ConfigError("injection.policy", f"must be one of {names}, got {value.get('policy')!r:.40}")
+        raise ConfigError("injection.policy", f"must be one of {names}, got {value.get('policy')!r:.40}") from None
     rate = _number(value, "rate_per_s") if "rate_per_s" in value else 0.0
     size = _number(value, "group_size", integer=True) if "group_size" in value else 0
     step = _number(value, "step_size", integer=True) if "step_size" in value else 0
     try:
         return InjectionConfig(policy, float(rate), int(size), int(step))
     except ValueError as exc:
-        raise ConfigError("injection", str(exc))
+        raise ConfigError("injection", str(exc)) from None
 
 
 def _profile(value: Any) -> PrefillTimeProfile:
@@ -152,7 +164,7 @@ def _profile(value: Any) -> PrefillTimeProfile:
     try:
         return PrefillTimeProfile(**kwargs)
     except ValueError as exc:
-        raise ConfigError("prefill_profile", str(exc))
+        raise ConfigError("prefill_profile", str(exc)) from None
 
 
 def apply_config_update(config: PredictorConfig, payload: Any) -> PredictorConfig:

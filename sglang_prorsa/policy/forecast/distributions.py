@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Hashable, Mapping, Sequence
+from typing import Hashable, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -47,9 +47,9 @@ class SurvivalCurve:
         events = np.sort(np.asarray(events, dtype=np.float64))
         censored = np.sort(np.asarray(censored, dtype=np.float64))
         if events.size == 0:
-            self._u = np.empty(0)
-            self._surv = np.empty(0)
-            self._moment = np.empty(0)
+            self._u: np.ndarray = np.empty(0)
+            self._surv: np.ndarray = np.empty(0)
+            self._moment: np.ndarray = np.empty(0)
             return
         u, d = np.unique(events, return_counts=True)
         at_risk = (events.size - np.searchsorted(events, u, side="left")) + (
@@ -73,7 +73,7 @@ class SurvivalCurve:
         k = np.searchsorted(self._u, x, side="left") - 1
         return np.where(k >= 0, self._surv[np.maximum(k, 0)] if self._u.size else 1.0, 1.0)
 
-    def _moment_upto(self, x: np.ndarray, side: str) -> np.ndarray:
+    def _moment_upto(self, x: np.ndarray, side: Literal["left", "right"]) -> np.ndarray:
         k = np.searchsorted(self._u, x, side=side) - 1
         return np.where(k >= 0, self._moment[np.maximum(k, 0)] if self._u.size else 0.0, 0.0)
 

@@ -41,8 +41,10 @@ class DurationClass:
         self._cens, self._cens_starts, self._n_cens = _ring(0), _ring(0), 0
         self.evicted_start = -math.inf  # the cohort is what started after this
         self._sum = 0.0
-        self._hist: tuple | None = None  # (dt, histograms), rebuilt when dirty
-        self._curves: tuple | None = None  # (dt, CurveHistory, complete-sample curve or None), likewise
+        # (dt, histograms), rebuilt when dirty
+        self._hist: tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        # (dt, CurveHistory, complete-sample curve or None), likewise
+        self._curves: tuple[float, CurveHistory, GridCurve | None] | None = None
 
     def record(self, duration: float, completed: bool, end: float = 0.0) -> int:
         """One duration that ended at ``end``; returns the completed count after it (-1 for a censored one)."""
@@ -136,6 +138,7 @@ class DurationClass:
     def complete_curve(self, dt: float) -> GridCurve:
         """The complete sample's curve (no live items censored), kept until the class records again."""
         history = self.curve_history(dt)
+        assert self._curves is not None  # curve_history just set it
         curve = self._curves[2]
         if curve is None:
             _, _, ev_all, ce_all = self.histograms(dt)

@@ -93,7 +93,7 @@ class GridCurve:
             self.last = int(nz[-1]) if nz.size else -1  # last grid point with a completion (-1: none: all tail)
         n = self.last + 1
         if n == 0:
-            self.surv = np.empty(0)
+            self.surv: np.ndarray = np.empty(0)
             return
         hazard = product_limit_hazard(events, censored, n)
         if late_events is not None and splice_at is not None and splice_at + 1 < n:
@@ -224,14 +224,13 @@ def chain_windows(curve: GridCurve, horizons, then_cdf: np.ndarray | None, size:
 def _tails(curve: GridCurve, horizons, bins: list[int], then_cdf) -> list[tuple | None]:
     """Per horizon, (q_short, q_long, window weights of ``then_cdf``) beyond the data, where the phase is
     memoryless; None for an empty window."""
+    out: list[tuple | None] = []
     if then_cdf is None:  # a single memoryless phase: the closed form (continuous time, as B.2/B.3's exponential prior)
-        out = []
         for h_s, h in zip(horizons, bins):
             t = 1.0 - math.exp(-h_s / curve.tail_mean_s)
             out.append((t, t, None) if h > 0 else None)
         return out
     tail_p = _tail_mass(curve.dt, curve.tail_mean_s, max(bins))
-    out = []
     for h in bins:
         if h <= 0:
             out.append(None)
@@ -272,7 +271,7 @@ def _window_weights(then_cdf: np.ndarray, h: int) -> tuple[np.ndarray, np.ndarra
 
 def sum_cdf(curves: list[GridCurve], bins: int) -> np.ndarray:
     """CDF on the grid (points 0..bins-1) of the sum of independent phases, each taken from its start."""
-    pmf = np.zeros(bins)
+    pmf: np.ndarray = np.zeros(bins)
     pmf[0] = 1.0
     for curve in curves:
         f = curve.cdf_from_start(bins)

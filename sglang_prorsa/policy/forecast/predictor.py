@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import TypedDict
 
 import numpy as np
 
@@ -120,6 +121,15 @@ class Forecast:
         }
 
 
+class _BiasSettings(TypedDict):  # SourceBiases' settings after its sources
+    beta: float
+    lo: float
+    hi: float
+    gate_windows: int
+    min_windows: int
+    margin: float
+
+
 class WorkloadPredictor:
     def __init__(self, tracker: TrajectoryTracker, config: PredictorConfig | None = None) -> None:
         self.tracker = tracker
@@ -145,8 +155,8 @@ class WorkloadPredictor:
         self.steps.active = config.injection.policy is InjectionPolicy.SYNC
         self._kv = KVFootprint(config.kv_page_size)
         lo, hi = config.bias_bounds
-        kw = dict(beta=config.bias_beta, lo=lo, hi=hi, gate_windows=config.bias_gate_windows,
-                  min_windows=config.bias_gate_min_windows, margin=config.bias_gate_margin)
+        kw = _BiasSettings(beta=config.bias_beta, lo=lo, hi=hi, gate_windows=config.bias_gate_windows,
+                           min_windows=config.bias_gate_min_windows, margin=config.bias_gate_margin)
         self.bias_prefill = SourceBiases(ARRIVAL_SOURCES, **kw)
         self.bias_decode = SourceBiases(ARRIVAL_SOURCES, **kw)
 

@@ -39,7 +39,7 @@ class NewSamples:
     def __init__(self, terms) -> None:
         self.terms = terms
         self.launches = 0.0  # sample launches decided within S (group / sync rules; diagnostics)
-        self._launch_cdf = None
+        self._launch_cdf: np.ndarray | None = None
 
     def reset(self) -> None:
         self.launches = 0.0
@@ -49,10 +49,12 @@ class NewSamples:
         return getattr(self.terms, name)
 
     def launch_cdf(self) -> np.ndarray:
-        if self._launch_cdf is None:
+        cdf = self._launch_cdf
+        if cdf is None:
             store = self.stats.stores[Phase.LAUNCH]
-            self._launch_cdf = store.curve((len(store.levels) - 1,), self.dt).cdf_from_start(int(round(self.S / self.dt)) + 2)
-        return self._launch_cdf
+            cdf = self._launch_cdf = store.curve((len(store.levels) - 1,), self.dt).cdf_from_start(
+                int(round(self.S / self.dt)) + 2)
+        return cdf
 
     def add(self, sums: SourceSums) -> None:
         policy = self.config.injection.policy
@@ -166,4 +168,5 @@ class NewSamples:
         self.launches = float(n_step)
         launch = self.launch_cdf()
         ends = (int(round(h / self.dt)) for h in (self.S, self.h))
-        sums.add_new(*(n_step * (float(launch[n - 1 - k]) if n > k else 0.0) for n in ends), x_new)
+        n_arrivals, n_admitted = (n_step * (float(launch[n - 1 - k]) if n > k else 0.0) for n in ends)
+        sums.add_new(n_arrivals, n_admitted, x_new)

@@ -15,6 +15,7 @@ decode speed in tokens/s (for the KV footprint of running decodes, when the engi
 from __future__ import annotations
 
 from collections import deque
+from typing import TypedDict
 
 from sglang_prorsa.policy.forecast.config import PredictorConfig
 from sglang_prorsa.policy.forecast.sampler import AcceptanceRate, LaunchDelay
@@ -87,11 +88,16 @@ class _WindowMean:
         return self.total / len(self.values) if self.values else 0.0
 
 
+class _StoreSizes(TypedDict):
+    history: int
+    min_samples: int
+
+
 class LifecycleStatistics(TrackerObserver):
     def __init__(self, config: PredictorConfig, tracker: TrajectoryTracker | None = None) -> None:
         self.config = config
         self.tracker = tracker
-        kw = dict(history=config.history_per_class, min_samples=config.min_survival_samples)
+        kw = _StoreSizes(history=config.history_per_class, min_samples=config.min_survival_samples)
 
         def startup_prior(key):
             mode = key[-1] if len(key) > 1 else None  # levels: (task, mode) -> (mode,)
@@ -190,10 +196,10 @@ class LifecycleStatistics(TrackerObserver):
             if state is _TOOL or state is _TOOL_DONE:  # the tool's result is part of the growth
                 keys.append((task, self.ids(traj)["tool"]))
             growth = self._growth
-            for key in keys:
-                mean = growth.get(key)
+            for growth_key in keys:
+                mean = growth.get(growth_key)
                 if mean is None:
-                    mean = growth[key] = _WindowMean(GROWTH_WINDOW)
+                    mean = growth[growth_key] = _WindowMean(GROWTH_WINDOW)
                 mean.add(grown)
 
     def on_launch_finished(self, duration: float) -> None:

@@ -25,13 +25,14 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from sglang_prorsa.policy.forecast.durations import DurationClass
-from sglang_prorsa.policy.forecast.grid import (GridCurve, MAX_GRID_POINTS, censor_bins, chain_windows,
-                                             window_points)
+from sglang_prorsa.policy.forecast.grid import MAX_GRID_POINTS, GridCurve, censor_bins, chain_windows, window_points
 
 MAX_CLASSES = 4096
 _sum = np.add.reduce  # ndarray.sum without its Python wrapper (the same pairwise sum)
 ID_COLUMNS = ("task", "tool", "mode")  # the id tuple of ``DurationStore.record_ids``
 Key = tuple  # (level, *interned ids)
+_UNGROUPED: np.ndarray = np.empty(0, np.int64)  # GridItems' cells, classes and counts before ``grouped`` (none)
+_UNGROUPED.flags.writeable = False
 
 
 class DurationStore:
@@ -86,7 +87,9 @@ class DurationStore:
     def _classes_of(self, ids: Mapping[str, int]) -> list["DurationClass"]:
         """The classes an operation with ``ids`` belongs to, finest first, each object once, created when first seen
         (when the store is full, only the coarsest level's classes are still created: they still learn)."""
-        keys, out, classes = [], [], self.classes
+        keys: list[Key] = []
+        out: list[DurationClass] = []
+        classes = self.classes
         fresh = None  # the class this call created at the previous level
         for i, lv in enumerate(self.levels):
             key = (i,) if not lv else (i, ids[lv[0]]) if len(lv) == 1 else (i, *[ids[c] for c in lv])
@@ -244,6 +247,7 @@ class DurationStore:
         if math.frexp(dt)[0] == 0.5:  # dt a power of two: elapsed * (1 / dt) is exactly elapsed / dt
             items = GridItems(elapsed, dt)  # the look-ups' grid points are the censoring ones (censor_bins)
             bins, width = items.bins, items.width
+            assert bins is not None  # not grouped yet
         else:
             items, bins = None, censor_bins(elapsed, dt)
             width = int(bins.max()) + 1
@@ -279,7 +283,7 @@ class DurationStore:
         return fitted.probabilities(None, elapsed, horizons, then)
 
     @staticmethod
-    def _live_censoring(rows: list, cell: np.ndarray, width: int, space: int,
+    def _live_censoring(rows: Sequence[np.ndarray], cell: np.ndarray, width: int, space: int,
                         ) -> tuple[dict[int, np.ndarray], np.ndarray]:
         """Per used class: histogram of the elapsed times of the live items that belong to it (at its level); and
         the items per cell (finest class, grid point).
@@ -303,7 +307,7 @@ class DurationStore:
 class Resolution:
     code: np.ndarray  # per item: its finest class code
     level_codes: list  # per level: the level's class code of every finest class code
-    rows: list = ()  # per used class: the finest class codes that belong to it
+    rows: Sequence[np.ndarray] = ()  # per used class: the finest class codes that belong to it
 
 
 def _encode(columns: tuple, values, radix: Mapping[str, int]) -> int:
@@ -333,6 +337,7 @@ class GridItems:
         x += 1e-9
         floor = np.floor(x)
         top = float(floor.max()) if floor.size else -1.0
+        self.bins: np.ndarray | None  # None once grouped: the cells replace them
         if top > MAX_GRID_POINTS - 1:  # (a max pass spares the clip pass when nothing is that old)
             top = MAX_GRID_POINTS - 1
             self.bins = np.minimum(floor, top).astype(np.int64)
@@ -340,8 +345,11 @@ class GridItems:
             self.bins = floor.astype(np.int64)
         self.width = int(top) + 1
         self.elapsed = elapsed
-        self._x, self._floor, self._weight = x, floor, None
-        self.cell = self.classes = self.counts = self.cell_counts = None
+        self._x: np.ndarray | None = x  # x and floor: released once the weight is computed
+        self._floor: np.ndarray | None = floor
+        self._weight: np.ndarray | None = None
+        self.cell = self.classes = self.counts = _UNGROUPED  # (no cells until ``grouped``)
+        self.cell_counts: np.ndarray | None = None
         self.size = 0
 
     def grouped(self, cell: np.ndarray, classes: np.ndarray, counts: np.ndarray,
@@ -354,9 +362,10 @@ class GridItems:
     @classmethod
     def by_class(cls, res: np.ndarray, elapsed: np.ndarray, dt: float, n_classes: int) -> "GridItems":
         items = cls(elapsed, dt)
-        if n_classes == 1:
-            return items.grouped(items.bins, np.zeros(1, np.int64), np.array([res.size]))
         cell = items.bins
+        assert cell is not None  # not grouped yet
+        if n_classes == 1:
+            return items.grouped(cell, np.zeros(1, np.int64), np.array([res.size]))
         cell += res * items.width
         return items.grouped(cell, np.arange(n_classes), np.bincount(res, minlength=n_classes))
 
@@ -364,7 +373,9 @@ class GridItems:
         """The fraction of a step past the grid point, as the look-up weighs the long window (ChainTable.lookup):
         min(frac + 0.5, 1), 0 exactly on a grid point."""
         if self._weight is None:
-            w = np.subtract(self._x, self._floor, out=self._x)
+            x, floor = self._x, self._floor
+            assert x is not None and floor is not None  # released only together with setting the weight
+            w = np.subtract(x, floor, out=x)
             w -= 1e-9
             # items exactly on a grid point are rare (elapsed times are differences of float timestamps): a min pass
             # finds whether there are any; only then a mask (a multiply by it, not a masked store: when many items
@@ -396,6 +407,7 @@ class Fitted:
     def res(self) -> np.ndarray:
         """Each item's index into ``used``."""
         if self._res is None:
+            assert self._lut is not None and self._code is not None  # res None comes with lut and code
             self._res = self._lut[self._code]
         return self._res
 
@@ -496,7 +508,8 @@ class Fitted:
         row = np.full(len(self.used), present.size)  # classes without items: a zero row after the others
         row[present] = np.arange(present.size)
         rows = row[items.classes]
-        out, t = [], 0
+        out: list[tuple[np.ndarray, np.ndarray] | None] = []
+        t = 0
         for h in horizons:
             if window_points(h, self.dt) <= 0:
                 out.append(None)

@@ -28,6 +28,8 @@ reward             the sampler (B.2) and the sync launch model: samples.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from sglang_prorsa.policy.forecast.grid import GridCurve, sum_cdf
@@ -35,7 +37,7 @@ from sglang_prorsa.policy.forecast.samples import NewSamples
 from sglang_prorsa.policy.forecast.snapshot import Snapshot, SourceSums
 from sglang_prorsa.policy.forecast.statistics import TURN_BUCKETS, LifecycleStatistics, turn_bucket
 from sglang_prorsa.policy.forecast.steps import StepModel
-from sglang_prorsa.policy.forecast.stores import DurationStore, Key
+from sglang_prorsa.policy.forecast.stores import DurationStore, Fitted, Key
 from sglang_prorsa.policy.lifecycle.states import TrajState
 from sglang_prorsa.policy.lifecycle.tracker import Phase, TrajectoryTracker
 
@@ -65,15 +67,15 @@ class ArrivalTerms:
         return self.samples.completable(sl)
 
     def compute(self, snap: Snapshot, horizon_s: float, admit_s: float, dt: float,
-                x_new: np.ndarray, g: Callable, kv: Callable, second_arrival_delay: np.ndarray | None,
-                second_arrival_idx: np.ndarray | None) -> dict[str, SourceSums]:
+                x_new: np.ndarray, g: Callable[[np.ndarray], np.ndarray], kv: Callable[[np.ndarray], np.ndarray],
+                second_arrival_delay: np.ndarray | None, second_arrival_idx: slice | None) -> dict[str, SourceSums]:
         self.snap, self.S, self.h, self.dt = snap, horizon_s, admit_s, dt
         self.x_new, self.g, self.kv = x_new, g, kv
         self.samples.reset()
-        self._fits = {}
+        self._fits: dict[tuple[str, int, int], Fitted] = {}
         self._growth = np.array([self.stats.growth(t) for t in range(snap.radix["task"])])
-        self._growth_by_tool = None
-        self._calls_lut = None
+        self._growth_by_tool: np.ndarray | None = None
+        self._calls_lut: np.ndarray | None = None
         st = self.stats.stores
         out = {name: SourceSums() for name in ("sampler", "sandbox", "tool", "decode_return", "resend")}
         S_ = TrajState
@@ -105,7 +107,7 @@ class ArrivalTerms:
         return out
 
     # ----- prompt lengths -----
-    def _first_x(self, idx: np.ndarray) -> np.ndarray:
+    def _first_x(self, idx: slice) -> np.ndarray:
         s = self.snap
         x = np.where(s.prompt[idx] >= 0, s.prompt[idx], self.x_new[s.task[idx]])
         if not s.hinted:
@@ -113,7 +115,7 @@ class ArrivalTerms:
         hint = s.next_prompt[idx]
         return np.where(hint >= 0, hint, x)
 
-    def _next_x(self, idx: np.ndarray, by_tool: bool = False) -> np.ndarray:
+    def _next_x(self, idx: slice, by_tool: bool = False) -> np.ndarray:
         s = self.snap
         task = s.task[idx]
         if by_tool:  # in a tool: the tool's typical result size is known
@@ -132,16 +134,18 @@ class ArrivalTerms:
                 out[hinted] = hint[hinted]
         return out
 
-    def _tool_x(self, idx: np.ndarray) -> np.ndarray:
+    def _tool_x(self, idx: slice) -> np.ndarray:
         return self._next_x(idx, by_tool=True)
 
     def _tool_growth(self) -> np.ndarray:
-        if self._growth_by_tool is None:
+        table = self._growth_by_tool
+        if table is None:
             r = self.snap.radix
-            self._growth_by_tool = np.array([[self.stats.growth(t, k) for k in range(r["tool"])] for t in range(r["task"])])
-        return self._growth_by_tool
+            table = self._growth_by_tool = np.array([[self.stats.growth(t, k) for k in range(r["tool"])]
+                                                     for t in range(r["task"])])
+        return table
 
-    def _same_x(self, idx: np.ndarray) -> np.ndarray:
+    def _same_x(self, idx: slice) -> np.ndarray:
         s = self.snap
         return np.where(s.prompt[idx] >= 0, s.prompt[idx], self.x_new[s.task[idx]])
 
@@ -166,8 +170,8 @@ class ArrivalTerms:
         if also is None or not also[1].size:
             fitted, res = self.fitted(store, idx), None
         else:  # the items of the later states are censored observations only: fitted with them, not evaluated
-            ids = self.snap.ids(idx)
-            ids = {c: np.concatenate((ids[c], also[0][c])) for c in store.levels[0]}
+            own = self.snap.ids(idx)
+            ids = {c: np.concatenate((own[c], also[0][c])) for c in store.levels[0]}
             elapsed = np.concatenate((self.snap.elapsed(idx), also[1]))
             fitted = store.fit(ids, self.snap.radix, elapsed, self.dt, self.snap.now)
             res = fitted.res[: Snapshot.count(idx)]
@@ -213,13 +217,14 @@ class ArrivalTerms:
             key = (len(store.levels) - 1,)
         return fitted.curve(key)
 
-    def _calls_tool(self, idx: np.ndarray) -> np.ndarray:
+    def _calls_tool(self, idx: slice) -> np.ndarray:
         """P(the response calls a tool | task, turn) per item: one gather from a (task, turn) table as wide as the
         items' turns reach (every turn its own column, up to ``_TURN_COLUMNS``: no clipping pass)."""
         s = self.snap
-        if self._calls_lut is None:  # (task, bucket) -> P(calls a tool)
-            self._calls_lut = np.array([[self.stats.calls_tool_in_bucket(t, b) for b in range(TURN_BUCKETS)]
-                                        for t in range(s.radix["task"])]).reshape(-1, TURN_BUCKETS)
+        calls_lut = self._calls_lut
+        if calls_lut is None:  # (task, bucket) -> P(calls a tool)
+            calls_lut = self._calls_lut = np.array([[self.stats.calls_tool_in_bucket(t, b) for b in range(TURN_BUCKETS)]
+                                                    for t in range(s.radix["task"])]).reshape(-1, TURN_BUCKETS)
         turn = s.turn[idx]  # int32
         if not turn.size:
             return np.zeros(0)
@@ -228,10 +233,10 @@ class ArrivalTerms:
             width = hi + 1
             code = np.multiply(s.task[idx], width)
             code += turn
-            return self._calls_lut[:, _TURN_LUT[:width]].ravel().take(code)
+            return calls_lut[:, _TURN_LUT[:width]].ravel().take(code)
         code = np.minimum(turn, _TURNS - 1).astype(np.int64)  # later turns share 127's (bucket 12 from turn 64)
         code += s.task[idx] * _TURNS
-        return self._calls_lut[:, _TURN_LUT[:_TURNS]].ravel().take(code)
+        return calls_lut[:, _TURN_LUT[:_TURNS]].ravel().take(code)
 
     def _decode_return(self, sums: SourceSums, second_idx, second_delay) -> None:
         st, snap = self.stats.stores, self.snap

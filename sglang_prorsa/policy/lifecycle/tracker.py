@@ -29,7 +29,13 @@ from sglang_prorsa.policy.lifecycle.columns import Interner, SlotColumns
 from sglang_prorsa.policy.lifecycle.events import EventKind, LifecycleEvent, PauseMode, SandboxMode
 from sglang_prorsa.policy.lifecycle.observers import CALLBACKS, Outcome, Phase, Rejection, TrackerObserver
 from sglang_prorsa.policy.lifecycle.states import (
-    DEFAULT_TASK, ENGINE_STATES, STATE_CODES, TRANSITIONS, Trajectory, TrajState, load_bucket,
+    DEFAULT_TASK,
+    ENGINE_STATES,
+    STATE_CODES,
+    TRANSITIONS,
+    Trajectory,
+    TrajState,
+    load_bucket,
 )
 
 # Enum members as module constants: reading ``TrajState.DECODE`` is a class-attribute look-up (~0.3 us on
@@ -200,6 +206,7 @@ class TrajectoryTracker:
         """Apply one event at ``event.ts`` (or ``now`` when the sender left ``ts`` out: the receiver's clock).
         Never raises on protocol errors; returns what happened."""
         kind, sent_ts = event.kind, event.ts  # locals: several reads each on the event path
+        # both None is a caller error: float(None) raises TypeError (kept off the per-event path's branches)
         ts = float(sent_ts if sent_ts is not None else now)  # type: ignore[arg-type]
         self._ts = ts  # when the phases ended by this event ended
         transition = _TRANSITIONS_GET(kind)
@@ -211,7 +218,7 @@ class TrajectoryTracker:
             if event.trajectory_id in self._finished:
                 terminal = kind in _TERMINAL
                 return self._count(event, None, _O_DUPLICATE if terminal else _O_AFTER_FINISH)
-            if None not in sources:
+            if None not in sources or target is None:  # (an event that may create one never ends it)
                 return self._count(event, None, _O_UNKNOWN_TRAJECTORY)
             traj = self._create(event, ts, target)
             self._enter(traj, target, event, ts, previous=None)
@@ -566,5 +573,6 @@ class TrajectoryTracker:
         """After a pause, engine-side states resume where they stopped: their entry times move by the pause."""
         for slot in self._engine_slots():
             traj = self._by_slot[slot]
+            assert traj is not None  # an engine state's slot always holds its trajectory
             traj.entered_at += max(0.0, ts - max(traj.entered_at, paused_at))
             self.columns.entered[slot] = traj.entered_at

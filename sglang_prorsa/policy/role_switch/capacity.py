@@ -121,7 +121,7 @@ def decode_kv_capacity(reports: Iterable[InstanceReport], config: CapacityConfig
     or the only one died) it falls back to the profiled value, else to ``fallback_pool`` (the controller passes the
     last pool it saw, or a prefill instance's pool: the same engines, the same KV pool), else raises
     ``CannotDecide``."""
-    pool = active_decode_pool(reports)
+    pool: float | None = active_decode_pool(reports)
     if pool is None:
         pool = config.profiled_decode_kv_capacity if config.profiled_decode_kv_capacity is not None else fallback_pool
     if pool is None or not pool > 0:

@@ -46,6 +46,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from sglang_prorsa.policy.clock import Clock, WallClock
+from sglang_prorsa.policy.horizon import DEFAULT_HORIZON_S
 from sglang_prorsa.policy.role_switch.allocator import Allocation, AllocationInputs, AllocatorConfig, allocate
 from sglang_prorsa.policy.role_switch.capacity import (
     TOO_FEW_INSTANCES,
@@ -64,12 +66,11 @@ from sglang_prorsa.policy.role_switch.cost import CostConfig, SwitchCost, switch
 from sglang_prorsa.policy.role_switch.planner import PlanContext, PlannerConfig, SwitchPlan, SwitchPlanner
 from sglang_prorsa.policy.role_switch.theta import ThetaConfig, ThetaModel, ThetaSample
 from sglang_prorsa.policy.role_switch.throughput import ThroughputEstimator, WorkloadProfile
-from sglang_prorsa.policy.clock import Clock, WallClock
 
 
 @dataclass(frozen=True)
 class ControllerConfig:
-    horizon_s: float = 10.0  # S: forecast horizon, control period and lookahead window (Appendix B default)
+    horizon_s: float = DEFAULT_HORIZON_S  # S: forecast horizon, control period and lookahead window (Appendix B default)
     allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     capacity: CapacityConfig = field(default_factory=CapacityConfig)

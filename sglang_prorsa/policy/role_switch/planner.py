@@ -49,10 +49,18 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from sglang_prorsa.policy.horizon import DEFAULT_HORIZON_S
 from sglang_prorsa.policy.role_switch.allocator import Allocation, coverage_of
 from sglang_prorsa.policy.role_switch.capacity import InstanceReport, InstanceStatus, Role, role_counts
-from sglang_prorsa.policy.role_switch.cost import CostConfig, Demand, SwitchCost, bottleneck_delta, move_gain_gpu_s, \
-    switch_cost, switch_seconds
+from sglang_prorsa.policy.role_switch.cost import (
+    CostConfig,
+    Demand,
+    SwitchCost,
+    bottleneck_delta,
+    move_gain_gpu_s,
+    switch_cost,
+    switch_seconds,
+)
 
 # Why a plan holds (``SwitchPlan.hold_reason``) or a candidate was refused (``Considered.reason``).
 PAUSED = "paused"  # the trainer paused generation: demand readings mean nothing now
@@ -217,7 +225,7 @@ class SwitchPlanner:
         """Role changes that move ``reports`` toward ``allocation``'s target, as of time ``now``."""
         cfg = self.config
         if context is None:
-            context = PlanContext.from_allocation(allocation, 10.0, cfg.lookahead_horizons)
+            context = PlanContext.from_allocation(allocation, DEFAULT_HORIZON_S, cfg.lookahead_horizons)
         current = role_counts(reports)
         target = {Role.PREFILL: allocation.n_prefill, Role.DECODE: allocation.n_decode}
         now_demand = {r: context.demand(r).windows(current[r])[0] for r in Role}
@@ -246,9 +254,10 @@ class SwitchPlanner:
                 return dataclasses.replace(base, hold_reason=TARGET_MET)
             dst = Role.PREFILL if Role.PREFILL in wanting and cfg.prefill_first else wanting[0]
         else:
-            dst = next((r for r in Role if current[r] < target[r]), None)
-            if dst is None:
+            behind = next((r for r in Role if current[r] < target[r]), None)
+            if behind is None:
                 return dataclasses.replace(base, hold_reason=TARGET_MET)
+            dst = behind
         if not below_min and current[dst] >= target[dst]:
             return dataclasses.replace(base, hold_reason=TARGET_MET)
         return self._moves(reports, allocation, now, context, base, dst, minimum, bool(below_min))

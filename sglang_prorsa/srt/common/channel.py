@@ -107,7 +107,8 @@ class EngineChannel:
             except asyncio.TimeoutError:
                 self._socket.close()
                 self._socket = None
-                raise TimeoutError(f"scheduler did not answer {type(message).__name__} within {timeout_s} s")
+                raise TimeoutError(
+                    f"scheduler did not answer {type(message).__name__} within {timeout_s} s") from None
         reply = pickle.loads(raw)
         if isinstance(reply, ChannelError):
             raise reply

@@ -41,6 +41,7 @@ class Code(str, enum.Enum):
     NO_INSTANCE = "no_instance"  # no routable instance of a role
     UNAUTHORIZED = "unauthorized"
     INVALID = "invalid"  # a malformed request (the message names the field)
+    FIXED_SETTING = "fixed_setting"  # a setting fixed by a flag at start-up (the horizon S): restart to change it
     UPSTREAM = "upstream"  # an instance answered with an error
     TIMEOUT = "timeout"
     RESUME_FAILED = "resume_failed"

@@ -2,8 +2,8 @@
 
 Instances enter it two ways: started by a front (``launcher.py``), or registered by URL
 (``launch_server --prorsa-controller URL`` on any machine, ``POST /prorsa/register``). Every change of role or state
-bumps ``version`` and is pushed to all instances (``POST /prorsa/peers``), which continue resumed requests on the
-peers they know.
+bumps ``version``; the controller pushes the list to all instances (``POST /prorsa/peers``, once per change they must
+see: ``Orchestrator.push_peers``), which continue resumed requests on the peers they know.
 """
 
 from __future__ import annotations
@@ -153,8 +153,12 @@ class Registry:
     def routable(self, role: str) -> list[Instance]:
         return [i for i in self.instances.values() if i.role == role and i.routable]
 
-    def peers_payload(self) -> dict[str, Any]:
-        return {"version": self.version, "instances": [i.peer_json() for i in self.instances.values()]}
+    def peers_payload(self, back_in: Instance | None = None) -> dict[str, Any]:
+        """The peer list every instance is pushed; ``back_in`` is listed active already (a switch about to put it
+        back, ``Orchestrator.switch``)."""
+        listed = [{**i.peer_json(), "status": State.ACTIVE.value} if i is back_in else i.peer_json()
+                  for i in self.instances.values()]
+        return {"version": self.version, "instances": listed}
 
     def reports(self) -> list[InstanceReport]:
         return [r for r in (i.report() for i in self.instances.values()) if r is not None]

@@ -21,8 +21,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sglang_prorsa import __version__
 from sglang_prorsa.config import Mode, ProrsaConfig
+from sglang_prorsa.policy.role_switch.capacity import CannotDecide
 from sglang_prorsa.srt.common.auth import AuthKeys, admin, mark_admin_routes, mount
 from sglang_prorsa.srt.common.auth import install as install_auth
+from sglang_prorsa.srt.common.http_utils import coded_error, field_error, json_body
+from sglang_prorsa.srt.common.messages import Code
+from sglang_prorsa.srt.common.registry import Registry, State, UnknownInstance
 from sglang_prorsa.srt.controller.control_ops import ControlOps
 from sglang_prorsa.srt.controller.control_ops import mount as mount_control_ops
 from sglang_prorsa.srt.controller.health import Health
@@ -30,16 +34,10 @@ from sglang_prorsa.srt.controller.http import Http
 from sglang_prorsa.srt.controller.loop import ControlLoop
 from sglang_prorsa.srt.controller.metrics import merge_prometheus
 from sglang_prorsa.srt.controller.orchestrator import Orchestrator, SwitchRefused
-from sglang_prorsa.srt.common.registry import Registry, State, UnknownInstance
 from sglang_prorsa.srt.controller.router_pools import RouterPools
-from sglang_prorsa.policy.role_switch.capacity import CannotDecide
-from sglang_prorsa.srt.common.http_utils import coded_error, field_error, json_body
-from sglang_prorsa.srt.lifecycle_routes import make_router
-from sglang_prorsa.policy.forecast.config import PredictorConfig
 from sglang_prorsa.srt.front.asgi import GenerationFastPath
 from sglang_prorsa.srt.front.relay import Relay
-from sglang_prorsa.policy.control_plane import LifecycleControlPlane
-from sglang_prorsa.srt.common.messages import Code
+from sglang_prorsa.srt.lifecycle_routes import control_plane_for, make_router
 
 logger = logging.getLogger("sglang_prorsa.front")
 
@@ -60,7 +58,7 @@ class Front:
         self.http = Http(keys)
         router = RouterPools(config.prorsa_router, self.http) if config.prorsa_router else None
         self.orchestrator = Orchestrator(self.registry, self.http, router)
-        self.control_plane = LifecycleControlPlane(config=PredictorConfig(horizon_s=config.prorsa_horizon_s))
+        self.control_plane = control_plane_for(config)  # S from --prorsa-horizon, fixed: one S everywhere
         self.health = Health(self.registry, self.orchestrator, self.http, self.processes, self.specs)
         self.loop = ControlLoop(config, self.registry, self.orchestrator, self.control_plane, self.http, self.health)
         self.relay = Relay(self.registry, pd=config.mode is not Mode.COLOCATED)

@@ -23,8 +23,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from sglang_prorsa.srt.common.auth import admin
-from sglang_prorsa.srt.common.registry import State
 from sglang_prorsa.srt.common.messages import Code
+from sglang_prorsa.srt.common.registry import State
 
 logger = logging.getLogger(__name__)
 

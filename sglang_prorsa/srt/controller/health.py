@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sglang_prorsa.srt.common.registry import Instance, Registry, State
 from sglang_prorsa.srt.controller.http import Http
 from sglang_prorsa.srt.controller.orchestrator import Orchestrator
-from sglang_prorsa.srt.common.registry import Instance, Registry, State
 
 logger = logging.getLogger(__name__)
 

@@ -13,16 +13,16 @@ import time
 from typing import Any
 
 from sglang_prorsa.config import ProrsaConfig
-from sglang_prorsa.srt.controller.health import Health
-from sglang_prorsa.srt.controller.http import Http
-from sglang_prorsa.srt.controller.orchestrator import Orchestrator, SwitchRefused
-from sglang_prorsa.srt.common.registry import Instance, Registry, State
+from sglang_prorsa.policy.clock import WallClock
 from sglang_prorsa.policy.control_plane import LifecycleControlPlane
 from sglang_prorsa.policy.role_switch.capacity import CannotDecide
 from sglang_prorsa.policy.role_switch.controller import ControlInputs, ControllerConfig, RoleSwitchController
 from sglang_prorsa.policy.role_switch.planner import PlannerConfig
 from sglang_prorsa.policy.role_switch.theta import ThetaConfig, ThetaModel, ThetaSample
-from sglang_prorsa.policy.clock import WallClock
+from sglang_prorsa.srt.common.registry import Instance, Registry, State
+from sglang_prorsa.srt.controller.health import Health
+from sglang_prorsa.srt.controller.http import Http
+from sglang_prorsa.srt.controller.orchestrator import Orchestrator, SwitchRefused
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +36,9 @@ PROFILED_THETA_P = 2000.0
 class ControlLoop:
     def __init__(self, config: ProrsaConfig, registry: Registry, orchestrator: Orchestrator,
                  control_plane: LifecycleControlPlane, http: Http, health: Health) -> None:
+        if control_plane.config.horizon_s != config.prorsa_horizon_s:  # one S: the forecast's is Eq. 1's
+            raise ValueError(f"the control plane's horizon ({control_plane.config.horizon_s:g} s) is not "
+                             f"--prorsa-horizon ({config.prorsa_horizon_s:g} s): build it with control_plane_for")
         self.config = config
         self.health = health
         self.registry = registry

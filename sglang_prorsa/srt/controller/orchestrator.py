@@ -4,7 +4,11 @@
    removed from the external router's pool, waiting until the router confirms;
 2. the instance's own switch (``POST /prorsa/switch_role``, ``srt/engine/switch.py``): its requests are taken off
    and continued elsewhere by the instance itself, then it rebuilds its role (SWITCHING);
-3. *back into the pools* under the new role.
+3. *back into the pools* under the new role: pushed to every instance first (each decode instance forgets the old
+   transfer endpoints before it can pick the new ones), then routable here and in the external router.
+
+So one switch pushes the peer list twice, once per change every instance must see (out, back). An instance is sent
+the list only when it differs from the last one it accepted (``push_peers``).
 
 Switches run one at a time; a control operation (weight update, pause, memory release; issue 13) holds them.
 """
@@ -17,10 +21,10 @@ import time
 from collections import deque
 from typing import Any
 
-from sglang_prorsa.srt.controller.http import Http
-from sglang_prorsa.srt.common.registry import Registry, State
-from sglang_prorsa.srt.controller.router_pools import RouterPoolError, RouterPools
 from sglang_prorsa.srt.common.messages import Code
+from sglang_prorsa.srt.common.registry import Instance, Registry, State
+from sglang_prorsa.srt.controller.http import Http
+from sglang_prorsa.srt.controller.router_pools import RouterPoolError, RouterPools
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +51,8 @@ class Orchestrator:
         self.lock = asyncio.Lock()  # one switch at a time; control operations take it too (issue 13)
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self.held_by: str | None = None  # the control operation holding switches, if any
+        self._delivered: dict[str, list[dict[str, Any]]] = {}  # instance id -> the peer list it last accepted
+        self.peer_pushes = 0  # POST /prorsa/peers sent, all instances together
 
     def check(self, instance_id: str, new_role: str) -> None:
         inst = self.registry.get(instance_id)
@@ -85,12 +91,13 @@ class Orchestrator:
                                     f"instance {instance_id} declined: {body.get('error') if isinstance(body, dict) else body}")
                 if status != 200:
                     raise SwitchRefused(502, Code.UPSTREAM, f"switch_role on {instance_id} failed ({status}): {body}")
-                # Its transfer endpoints are new: every decode instance forgets the old ones (pushed with the new
-                # role while it is still out of the pools), and only then does it serve again.
+                # Its transfer endpoints are new: every instance learns it back under its new role and epoch (a
+                # decode instance forgets the old endpoints before it lets a continuation pick it), and only then is
+                # it routable here. One push: the list it sends is the registry's once set_role has run.
                 inst.role, inst.epoch = new_role, inst.epoch + 1
-                await self.push_peers()
+                await self.push_peers(back_in=inst)
                 self.registry.set_role(inst, new_role)
-                await self.push_peers()
+                await self.push_peers()  # only to an instance that did not accept the list just pushed
                 t_back = time.perf_counter()
                 if self.router is not None:
                     await self.router.add_eventually(inst.url, new_role, inst.bootstrap_port)
@@ -144,12 +151,22 @@ class Orchestrator:
                 await self.router.remove(inst.url)  # it may be listed under the other role from an earlier run
                 await self.router.add_eventually(inst.url, inst.role, inst.bootstrap_port)
 
-    async def push_peers(self) -> None:
-        """Every instance learns the registry (where resumed requests may go) before anything else happens."""
-        payload = self.registry.peers_payload()
-        targets = [i for i in self.registry if i.state not in (State.DEAD, State.STARTING)]
+    async def push_peers(self, back_in: Instance | None = None) -> None:
+        """Every instance learns the registry (where resumed requests may go) before anything else happens.
+
+        An instance is sent the list only when it differs from the last one it accepted: once per change, and again
+        at the next call to one that did not accept it. ``back_in``: an instance shown active already (it is about to
+        be, ``switch``), so the instances know it before the front routes to it."""
+        payload = self.registry.peers_payload(back_in=back_in)
+        listed = payload["instances"]
+        targets = [i for i in self.registry if i.state not in (State.DEAD, State.STARTING)
+                   and self._delivered.get(i.instance_id) != listed]
+        self.peer_pushes += len(targets)
         results = await asyncio.gather(*(self.http.post(i.url + "/prorsa/peers", payload, timeout_s=10)
                                          for i in targets), return_exceptions=True)
         for inst, r in zip(targets, results):
             if isinstance(r, BaseException) or r[0] != 200:
+                self._delivered.pop(inst.instance_id, None)
                 logger.warning("peer list not delivered to %s: %s", inst.instance_id, r)
+            else:
+                self._delivered[inst.instance_id] = listed

@@ -8,12 +8,12 @@ match. The last block may be partial.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 
+from sglang_prorsa.srt.common.paths import cache_root
 from sglang_prorsa.srt.disaggregation.kv_store import FileKVStore, KVStore, block_keys, layout_id
 
 # A block aims at a few MiB: per-entry costs (a file, a store round trip) dominate small blocks (measured: the file
@@ -21,7 +21,11 @@ from sglang_prorsa.srt.disaggregation.kv_store import FileKVStore, KVStore, bloc
 # that must be read in full to resume from its middle.
 TARGET_BLOCK_BYTES = 2 << 20
 MIN_BLOCK_TOKENS, MAX_BLOCK_TOKENS = 16, 1024
-DEFAULT_FILE_STORE = os.path.join(os.path.expanduser("~/.cache/sglang-prorsa"), "kv-store")
+
+
+def default_file_store() -> str:
+    """The file KV store's root when ``--prorsa-kv-store-path`` is not given: ``kv-store`` in the cache root."""
+    return str(cache_root() / "kv-store")
 
 
 def open_store(kind: str, **kwargs: Any) -> KVStore:
@@ -41,14 +45,14 @@ class KVStoreConfig:
     """Where persisted KV blocks live; built once from ``ProrsaConfig`` and handed to the scheduler process."""
 
     kind: str = "file"  # file | mooncake
-    path: str = ""  # file store root ("" = DEFAULT_FILE_STORE)
+    path: str = ""  # file store root ("" = default_file_store())
     mooncake_master: str = ""  # HOST:PORT
     capacity_bytes: int = 8 << 30
     block_tokens: int = 0  # 0: about TARGET_BLOCK_BYTES worth
 
     def open(self) -> KVStore:
         if self.kind == "file":
-            return open_store("file", root=self.path or DEFAULT_FILE_STORE, capacity_bytes=self.capacity_bytes)
+            return open_store("file", root=self.path or default_file_store(), capacity_bytes=self.capacity_bytes)
         if self.kind == "mooncake":
             if not self.mooncake_master:
                 raise ValueError("the mooncake KV store needs a master address (--prorsa-mooncake-master)")
@@ -73,7 +77,7 @@ def layout_of(scheduler: Any, codec: Any) -> str:
     first = lay.buffers[0]
     kind = str(getattr(lay.kind, "value", lay.kind))
     per_layer = 2 if kind == "mha" else 1  # MHA: a K and a V buffer per layer; MLA: one latent buffer
-    model = str(getattr(scheduler.server_args, "model_path", ""))
+    model = str(scheduler.server_args.model_path)
     return layout_id(model=model, dtype=str(first.dtype), layers=len(lay.buffers) // per_layer,
                      kv_heads=int(first.shape[1]), head_dim=int(first.shape[-1]), kind=kind)
 

@@ -367,7 +367,7 @@ class IndexedKVStore(KVStore):
                 self._index_drop(key)
             raise
         with self._lock:
-            for key, (header, view) in encoded.items():
+            for key, (header, _view) in encoded.items():
                 self._index_set(key, _Entry(sizes[key], _HEADER.unpack(header)[3]))
             self._counts["puts"] += len(encoded)
             self._counts["put_bytes"] += sum(view.nbytes for _, view in encoded.values())

@@ -32,13 +32,13 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
+from sglang_prorsa.policy.clock import Clock
 from sglang_prorsa.srt.disaggregation.kv_store import (
     HEADER_SIZE,
     IndexedKVStore,
     KVStoreError,
     Payload,
 )
-from sglang_prorsa.policy.clock import Clock
 
 logger = logging.getLogger(__name__)
 

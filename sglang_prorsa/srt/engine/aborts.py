@@ -15,12 +15,24 @@ a trainer's abort, a client's error -- is answered as SGLang answers it (``None`
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
+from sglang_prorsa.srt.common.messages import (
+    LOST_HEADER,
+    MAX_DEATHS,
+    RESUME_HEADER,
+    Code,
+    MigratedRequest,
+    QueuedItem,
+    Stage,
+)
+from sglang_prorsa.srt.engine.book import RecordBook
+from sglang_prorsa.srt.engine.local import TokenizerManagerView
+from sglang_prorsa.srt.engine.peer_client import PairHalves
 from sglang_prorsa.srt.engine.stitch import continuation_spans
-from sglang_prorsa.srt.common.messages import LOST_HEADER, MAX_DEATHS, RESUME_HEADER, Code, MigratedRequest, QueuedItem, Stage
 
 logger = logging.getLogger(__name__)
 
@@ -56,65 +68,6 @@ def is_abort_exception(e: BaseException, state: Any) -> bool:
     return bool(state.finished) and isinstance(e, (fastapi.HTTPException, ValueError))
 
 
-async def record_for_output(side: Any, obj: Any, state: Any, out: dict, request: Any, delivered_ids: int,
-                            aborts_at_entry: int) -> MigratedRequest | None:
-    """The record continuing a request whose final output ``out`` is an abort, or None to answer it."""
-    record = side.book.claim(obj.rid)
-    lost = _server_error(out) and _lost_transfer(side, obj, delivered_ids, aborts_at_entry)
-    if record is None and (ours(out) or lost):
-        record = await late_record(side, obj.rid)
-    if record is None and ours(out):
-        if side.role == "prefill":  # its decode half holds the caller: the abort reads as handed on
-            logger.error("prefill half %s was taken off without a record; answered as handed on", obj.rid)
-        else:
-            record = await record_from_state(side, obj, state, out)
-    if record is None and lost:
-        record = await _restart_lost(side, obj)  # a stream gets SGLang's abort as an output
-    return _hand_back_if_queued(side, request, record)
-
-
-async def record_for_raise(side: Any, obj: Any, request: Any, delivered_ids: int,
-                           aborts_at_entry: int) -> MigratedRequest | None:
-    """The record continuing a request SGLang's abort raised for (a non-streamed one with a status), or None."""
-    record = side.book.claim(obj.rid)
-    if record is None and _lost_transfer(side, obj, delivered_ids, aborts_at_entry):
-        record = await late_record(side, obj.rid) or await _restart_lost(side, obj)
-    return _hand_back_if_queued(side, request, record)
-
-
-async def late_record(side: Any, rid: str) -> MigratedRequest | None:
-    """The record of a request our scheduler took off, waited for when its abort came first.
-
-    The scheduler pushes the record before it aborts, but on its own socket: the abort reaches this process on
-    SGLang's, and the two are not ordered. On a loaded machine records were seen 0.1 s behind their aborts; answering
-    the abort meanwhile handed a caller a truncated output with status 200 (a CI run of the fast-switch test)."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < RECORD_WAIT_S:
-        await asyncio.sleep(0.005)
-        record = side.book.claim(rid)
-        if record is not None:
-            side.counters["records_late"] += 1
-            logger.info("the record of %s came %.3f s after its abort", rid, time.monotonic() - t0)
-            return record
-    return None
-
-
-async def record_from_state(side: Any, obj: Any, state: Any, out: dict) -> MigratedRequest:
-    """A request our scheduler took off whose record never came: continued from the tokens this tokenizer manager
-    holds, its KV computed again (counted), rather than answered with what it had."""
-    produced = list(getattr(state, "output_ids", None) or (out.get("output_ids") or []))
-    side.counters["records_missing_continued"] += 1
-    logger.error("request %s was taken off without a record; continuing it from its %d tokens (KV recomputed)",
-                 obj.rid, len(produced))
-    meta = out.get("meta_info") or {}
-    return MigratedRequest(rid=obj.rid, role=side.role, stage=Stage.RUNNING if produced else Stage.QUEUED,
-                           input_ids=await side.prompt_ids(obj), output_ids=produced, sampling_params={},
-                           bootstrap_room=getattr(obj, "bootstrap_room", None),
-                           bootstrap_host=getattr(obj, "bootstrap_host", None),
-                           bootstrap_port=getattr(obj, "bootstrap_port", None),
-                           weight_versions=continuation_spans(meta, len(produced)))
-
-
 def lost_before(request: Any) -> int:
     """Instances that died serving this request before it came here (``LOST_HEADER``, set by the front's retry or
     the continuation that sent it)."""
@@ -125,7 +78,8 @@ def lost_before(request: Any) -> int:
         return 0
 
 
-def _hand_back_if_queued(side: Any, request: Any, record: MigratedRequest | None) -> MigratedRequest | None:
+def _hand_back_if_queued(counters: collections.Counter[str], request: Any,
+                         record: MigratedRequest | None) -> MigratedRequest | None:
     """A continuation (sent by the instance holding its caller) that was taken off here before it began is not
     continued by this instance from its tokens: that would recompute a prefix its holder can load from the KV store.
     The record counts the instance deaths the request met before it came here; one that reached ``MAX_DEATHS`` is
@@ -137,7 +91,7 @@ def _hand_back_if_queued(side: Any, request: Any, record: MigratedRequest | None
     record.deaths += lost_before(request)
     resumed = request is not None and request.headers.get(RESUME_HEADER) is not None
     if record.stage is Stage.QUEUED and resumed and record.deaths < MAX_DEATHS:
-        side.counters["continuations_handed_back"] += 1
+        counters["continuations_handed_back"] += 1
         # The holder counts the death too (``INSTANCE_LOST`` in the message): its next attempt is its last.
         lost = f", {INSTANCE_LOST}" if died_here else ""
         logger.info("continuation %s handed back to its holder (instance deaths: %d here, %d before)", record.rid,
@@ -147,29 +101,104 @@ def _hand_back_if_queued(side: Any, request: Any, record: MigratedRequest | None
     return record
 
 
-def _lost_transfer(side: Any, obj: Any, delivered_ids: int, aborts_at_entry: int) -> bool:
-    """A decode half whose KV transfer SGLang failed (its heartbeat declared the prefill instance lost -- on a loaded
-    machine also a live one that answered late) before our watchdog or peer_lost took it off, not by a trainer's
-    abort, with nothing delivered: it starts again elsewhere from its prompt."""
-    return (not delivered_ids and side.user_aborts == aborts_at_entry and side.role == "decode"
-            and getattr(obj, "bootstrap_room", None) is not None)
+class AbortRecords:
+    """Finds the record that continues an aborted request: claimed from ``book`` (waited for when late), made from
+    what the tokenizer manager holds (``tm``), or a restart from the prompt whose prefill half ``pairs`` releases.
+    ``user_aborts`` reads how many trainer aborts this instance has seen (``control_guard.py``, ``middleware.py``)."""
 
+    def __init__(self, book: RecordBook, counters: collections.Counter[str], tm: TokenizerManagerView,
+                 pairs: PairHalves, user_aborts: Callable[[], int]) -> None:
+        self.book = book
+        self.counters = counters
+        self.tm = tm
+        self.pairs = pairs
+        self.user_aborts = user_aborts
 
-async def _restart_lost(side: Any, obj: Any) -> MigratedRequest:
-    """The record that restarts a decode half whose transfer was lost from its prompt (counted, with its prompt
-    tokens: the prefill instance may have computed them already). Its prefill half is released, so a live prefill
-    instance ends it and keeps its prompt in the prefix cache; the restart prefers that instance (``Continuation``),
-    where it then recomputes little or nothing."""
-    record = await side.queued_record(obj)
-    if record.bootstrap_port is not None and await side.prefill_gone(record.bootstrap_host, record.bootstrap_port,
-                                                                     GONE_CHECK_S):
-        record.deaths = 1  # its prefill instance died (not one that answered late): counted against a poison request
-    side.counters["transfers_failed_continued"] += 1
-    side.counters["transfers_failed_prompt_tokens"] += len(record.input_ids)
-    if record.bootstrap_room is not None:
-        await side.release_prefill_halves([QueuedItem(obj.rid, record.bootstrap_room, record.bootstrap_host,
-                                                      record.bootstrap_port)], only_not_started=False)
-    return record
+    async def record_for_output(self, obj: Any, state: Any, out: dict, request: Any, delivered_ids: int,
+                                aborts_at_entry: int) -> MigratedRequest | None:
+        """The record continuing a request whose final output ``out`` is an abort, or None to answer it."""
+        record = self.book.claim(obj.rid)
+        lost = _server_error(out) and self._lost_transfer(obj, delivered_ids, aborts_at_entry)
+        if record is None and (ours(out) or lost):
+            record = await self.late_record(obj.rid)
+        if record is None and ours(out):
+            if self.tm.role() == "prefill":  # its decode half holds the caller: the abort reads as handed on
+                logger.error("prefill half %s was taken off without a record; answered as handed on", obj.rid)
+            else:
+                record = await self.record_from_state(obj, state, out)
+        if record is None and lost:
+            record = await self._restart_lost(obj)  # a stream gets SGLang's abort as an output
+        return _hand_back_if_queued(self.counters, request, record)
+
+    async def record_for_raise(self, obj: Any, request: Any, delivered_ids: int,
+                               aborts_at_entry: int) -> MigratedRequest | None:
+        """The record continuing a request SGLang's abort raised for (a non-streamed one with a status), or None."""
+        record = self.book.claim(obj.rid)
+        if record is None and self._lost_transfer(obj, delivered_ids, aborts_at_entry):
+            record = await self.late_record(obj.rid) or await self._restart_lost(obj)
+        return _hand_back_if_queued(self.counters, request, record)
+
+    async def late_record(self, rid: str) -> MigratedRequest | None:
+        """The record of a request our scheduler took off, waited for when its abort came first.
+
+        The scheduler pushes the record before it aborts, but on its own socket: the abort reaches this process on
+        SGLang's, and the two are not ordered. On a loaded machine records were seen 0.1 s behind their aborts;
+        answering the abort meanwhile handed a caller a truncated output with status 200 (a CI run of the
+        fast-switch test)."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < RECORD_WAIT_S:
+            await asyncio.sleep(0.005)
+            record = self.book.claim(rid)
+            if record is not None:
+                self.counters["records_late"] += 1
+                logger.info("the record of %s came %.3f s after its abort", rid, time.monotonic() - t0)
+                return record
+        return None
+
+    async def record_from_state(self, obj: Any, state: Any, out: dict) -> MigratedRequest:
+        """A request our scheduler took off whose record never came: continued from the tokens this tokenizer
+        manager holds, its KV computed again (counted), rather than answered with what it had."""
+        produced = list(state.output_ids or (out.get("output_ids") or []))
+        self.counters["records_missing_continued"] += 1
+        logger.error("request %s was taken off without a record; continuing it from its %d tokens (KV recomputed)",
+                     obj.rid, len(produced))
+        meta = out.get("meta_info") or {}
+        return MigratedRequest(rid=obj.rid, role=self.tm.role(), stage=Stage.RUNNING if produced else Stage.QUEUED,
+                               input_ids=await self.tm.prompt_ids(obj), output_ids=produced, sampling_params={},
+                               bootstrap_room=obj.bootstrap_room,
+                               bootstrap_host=obj.bootstrap_host,
+                               bootstrap_port=obj.bootstrap_port,
+                               weight_versions=continuation_spans(meta, len(produced)))
+
+    async def queued_record(self, obj: Any) -> MigratedRequest:
+        """A decode half that never received its KV, as a record to start again from its prompt."""
+        return MigratedRequest(rid=obj.rid, role="decode", stage=Stage.QUEUED,
+                               input_ids=await self.tm.prompt_ids(obj), output_ids=[], sampling_params={},
+                               bootstrap_room=obj.bootstrap_room, bootstrap_host=obj.bootstrap_host,
+                               bootstrap_port=obj.bootstrap_port)
+
+    def _lost_transfer(self, obj: Any, delivered_ids: int, aborts_at_entry: int) -> bool:
+        """A decode half whose KV transfer SGLang failed (its heartbeat declared the prefill instance lost -- on a
+        loaded machine also a live one that answered late) before our watchdog or peer_lost took it off, not by a
+        trainer's abort, with nothing delivered: it starts again elsewhere from its prompt."""
+        return (not delivered_ids and self.user_aborts() == aborts_at_entry and self.tm.role() == "decode"
+                and obj.bootstrap_room is not None)
+
+    async def _restart_lost(self, obj: Any) -> MigratedRequest:
+        """The record that restarts a decode half whose transfer was lost from its prompt (counted, with its prompt
+        tokens: the prefill instance may have computed them already). Its prefill half is released, so a live
+        prefill instance ends it and keeps its prompt in the prefix cache; the restart prefers that instance
+        (``Continuation``), where it then recomputes little or nothing."""
+        record = await self.queued_record(obj)
+        if record.bootstrap_port is not None and await self.pairs.prefill_gone(
+                record.bootstrap_host, record.bootstrap_port, GONE_CHECK_S):
+            record.deaths = 1  # its prefill instance died (not one that answered late): counted against a poison one
+        self.counters["transfers_failed_continued"] += 1
+        self.counters["transfers_failed_prompt_tokens"] += len(record.input_ids)
+        if record.bootstrap_room is not None:
+            await self.pairs.release_prefill_halves([QueuedItem(obj.rid, record.bootstrap_room, record.bootstrap_host,
+                                                                record.bootstrap_port)], only_not_started=False)
+        return record
 
 
 def _server_error(out: dict) -> bool:

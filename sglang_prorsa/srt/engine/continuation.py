@@ -19,6 +19,7 @@ its stream.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import random
 import uuid
@@ -27,11 +28,12 @@ from typing import Any, AsyncIterator
 import aiohttp
 import orjson
 
-from sglang_prorsa.srt.engine import aborts
-from sglang_prorsa.srt.engine.peers import NoPair, Peer
-from sglang_prorsa.srt.engine.stitch import Kept, Stitcher
 from sglang_prorsa.srt.common.http_utils import died_serving
 from sglang_prorsa.srt.common.messages import LOST_HEADER, MAX_DEATHS, RESUME_HEADER, ROLE_HEADER, Code, MigratedRequest
+from sglang_prorsa.srt.engine import aborts
+from sglang_prorsa.srt.engine.peer_client import PeerClient, ResumeFailed
+from sglang_prorsa.srt.engine.peers import NoPair, Peer, PeerView
+from sglang_prorsa.srt.engine.stitch import Kept, Stitcher
 
 logger = logging.getLogger(__name__)
 
@@ -47,10 +49,6 @@ NO_PAIR_WAIT_S = 120.0
 # Request fields a continuation carries over from the original (others are set here or meaningless for it).
 _CARRIED = ("return_logprob", "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs", "lora_path",
             "custom_logit_processor", "return_hidden_states", "priority")
-
-
-class ResumeFailed(RuntimeError):
-    pass
 
 
 class SuspectedPoison(ResumeFailed):
@@ -79,8 +77,15 @@ def remaining_sampling(original: dict[str, Any], record: MigratedRequest, produc
 
 
 class Continuation:
-    def __init__(self, side: Any, obj: Any, record: MigratedRequest, stitcher: Stitcher, headers: dict[str, str]):
-        self.side = side
+    """One request continued elsewhere: pairs from ``peers`` (whose in-flight counts it keeps), every call to them
+    through ``client``; ``holder`` is this instance's id (reported in each move)."""
+
+    def __init__(self, obj: Any, record: MigratedRequest, stitcher: Stitcher, headers: dict[str, str], *,
+                 peers: PeerView, client: PeerClient, counters: collections.Counter[str], holder: str) -> None:
+        self.peers = peers
+        self.client = client
+        self.counters = counters
+        self.holder = holder
         self.obj = obj
         self.record = record
         self.stitcher = stitcher
@@ -97,7 +102,7 @@ class Continuation:
         waited_s, streak = 0.0, 0  # waited for a pair, over all moves; pair-less picks in a row
         while self.moves < MAX_MOVES:
             if self.deaths >= MAX_DEATHS:
-                self.side.counters["suspected_poison"] += 1
+                self.counters["suspected_poison"] += 1
                 raise SuspectedPoison(f"{Code.SUSPECTED_POISON.value}: request {self.stitcher.rid} was on "
                                       f"{self.deaths} instances that died serving it; not sent to another "
                                       f"({failures[-2:]})")
@@ -108,7 +113,7 @@ class Continuation:
                     {"type": "length", "length": produced})
                 return
             try:
-                prefill, decode = self.side.peers.pick_pair(prefer_prefill=self._prompt_holder())
+                prefill, decode = self.peers.pick_pair(prefer_prefill=self._prompt_holder())
             except NoPair as e:
                 if waited_s >= NO_PAIR_WAIT_S:
                     failures.append(f"{e} for {waited_s:.0f} s")
@@ -137,39 +142,39 @@ class Continuation:
         while that instance still serves as prefill: whatever it computed of the prompt is in its prefix cache."""
         if self.kv_tokens > 0 or self.record.bootstrap_port is None:
             return None
-        return self.side.peers.by_bootstrap(self.record.bootstrap_host, self.record.bootstrap_port)
+        return self.peers.by_bootstrap(self.record.bootstrap_host, self.record.bootstrap_port)
 
     async def _attempt(self, prefill: Peer, decode: Peer, sampling: dict[str, Any],
                        failures: list[str]) -> AsyncIterator[dict[str, Any]]:
-        side = self.side
+        client = self.client
         rid = continuation_rid()
         ids = list(self.record.input_ids) + list(self.stitcher.ids)
-        move = {"from_instance": side.instance_id, "rid": rid, "stage": self.record.stage.value,
+        move = {"from_instance": self.holder, "rid": rid, "stage": self.record.stage.value,
                 "kv_tokens": self.kv_tokens, "tokens_kept": len(self.stitcher.ids),
                 "to_prefill": prefill.instance_id, "to_decode": decode.instance_id}
         self.stitcher.migrations.append(move)
-        side.peers.acquire(prefill, decode)
+        self.peers.acquire(prefill, decode)
         try:
             if self.kv_tokens > 0:
-                move.update(await side.load_prefix(prefill, ids[: self.kv_tokens], self.record, rid))
+                move.update(await client.load_prefix(prefill, ids[: self.kv_tokens], self.record, rid))
                 if move["load_status"] != 200:
-                    side.counters["prefix_loads_failed"] += 1
+                    self.counters["prefix_loads_failed"] += 1
                     self.failed_loads += 1
                     if self.failed_loads <= LOAD_RETRIES:
                         raise ResumeFailed(f"prefix load on {prefill.instance_id} failed ({move['load_status']}): "
                                            "trying another pair rather than recomputing it")
-            body = {k: getattr(self.obj, k) for k in _CARRIED if getattr(self.obj, k, None) is not None}
+            body = {k: getattr(self.obj, k) for k in _CARRIED if getattr(self.obj, k) is not None}  # GenerateReqInput's
             body.update(input_ids=ids, sampling_params=sampling, stream=True, rid=rid,
                         bootstrap_host=prefill.bootstrap_host, bootstrap_port=prefill.bootstrap_port,
                         bootstrap_room=random.getrandbits(63))
             if body.get("return_logprob"):
                 body["logprob_start_len"] = -1  # input logprobs were the first attempt's; only new tokens here
             raw = orjson.dumps(body)
-            prefill_task = asyncio.ensure_future(side.post_raw(prefill.url + "/generate", raw,
-                                                               self._headers("prefill")))
+            prefill_task = asyncio.ensure_future(client.post_raw(prefill.url + "/generate", raw,
+                                                                 self._headers("prefill")))
             finished = False
             try:
-                async for chunk in side.stream(decode.url + "/generate", raw, self._headers("decode")):
+                async for chunk in client.stream(decode.url + "/generate", raw, self._headers("decode")):
                     if "error" in chunk:
                         raise ResumeFailed(f"decode {decode.instance_id}: {chunk['error']}")
                     meta = chunk.get("meta_info") or {}
@@ -189,11 +194,11 @@ class Continuation:
                     if self.stitcher.finished:
                         finished = True
                         if self.stitcher.straddle_stop:  # we matched a stop string the continuation cannot see
-                            await side.abort_on((decode, prefill), rid)
+                            await client.abort_on((decode, prefill), rid)
                         break
             finally:
                 if not finished:
-                    await side.abort_on((decode, prefill), rid)
+                    await client.abort_on((decode, prefill), rid)
                 await _settle(prefill_task)
             if not finished:
                 raise ResumeFailed(f"decode {decode.instance_id} ended the stream without finishing")
@@ -206,9 +211,9 @@ class Continuation:
             move["failed"] = str(e)[:300]
             logger.warning("continuation %s of %s on %s+%s failed: %s", rid, self.stitcher.rid,
                            prefill.instance_id, decode.instance_id, e)
-            side.counters["resume_attempts_failed"] += 1
+            self.counters["resume_attempts_failed"] += 1
         finally:
-            side.peers.release(prefill, decode)
+            self.peers.release(prefill, decode)
 
     def _headers(self, role: str) -> dict[str, str]:
         return {**self.headers, ROLE_HEADER: role, RESUME_HEADER: "1", LOST_HEADER: str(self.deaths),
@@ -248,10 +253,10 @@ def kept_from(record: MigratedRequest, state: Any, last_out: dict[str, Any] | No
     per_token: dict[str, list] = {}
     meta = (last_out or {}).get("meta_info") or {}
     for key in ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs"):
-        values = meta.get(key) if key in meta else getattr(state, key, None)
+        values = meta.get(key) if key in meta else getattr(state, key)  # ReqState's (or side._NoState's)
         if values:
             per_token[key] = list(values)[:k]
-        elif getattr(state.obj, "return_logprob", False) and key == "output_token_logprobs":
+        elif state.obj.return_logprob and key == "output_token_logprobs":
             per_token[key] = []
     base = {key: meta[key] for key in ("cached_tokens",) if key in meta}
     return Kept(prompt_tokens=len(record.input_ids), ids=list(record.output_ids), per_token=per_token,

@@ -35,8 +35,8 @@ GUARDED: dict[str, tuple[str | None, str | None]] = {
 def _succeeded(out: Any) -> bool:
     if isinstance(out, tuple) and out and isinstance(out[0], bool):
         return out[0]  # SGLang's (success, message, ...) answers
-    success = getattr(out, "success", None)
-    return True if success is None else bool(success)
+    # pause/continue_generation and release/resume_memory_occupation answer None; flush_cache a FlushCacheReqOutput
+    return True if out is None else bool(out.success)
 
 
 # SGLang 0.5.23's answer when it swapped the weights but could not flush the prefix cache (requests were running):
@@ -46,7 +46,7 @@ NOT_FLUSHED = "Weights were updated, but the cache was not flushed"
 
 
 def _updated_but_not_flushed(out: Any) -> bool:
-    message = out[1] if isinstance(out, tuple) and len(out) > 1 else getattr(out, "message", "")
+    message = out[1] if isinstance(out, tuple) and len(out) > 1 else ""  # update_weights_from_*: (success, message, ...)
     return not _succeeded(out) and isinstance(message, str) and NOT_FLUSHED in message
 
 
@@ -57,7 +57,7 @@ FLUSH_WAIT_S = 5.0
 
 async def _flush_when_idle(tm: Any) -> bool:
     """SGLang's deferred flush (``FlushCacheReqInput.timeout_s``), called past our wrapper: we hold its lock."""
-    flush = getattr(type(tm).flush_cache, "__wrapped__", type(tm).flush_cache)
+    flush = getattr(type(tm).flush_cache, "__wrapped__", type(tm).flush_cache)  # our wrapper's (functools.wraps)
     out = await flush(tm, timeout_s=FLUSH_WAIT_S)
     return bool(out.success)
 
@@ -72,7 +72,7 @@ def _flushed(out: tuple, version: Any) -> tuple:
 
 async def _record_version(tm: Any, obj: Any) -> None:
     """Record the version the weights now have, through SGLang's own route logic (scheduler and tokenizer side)."""
-    version = getattr(obj, "weight_version", None)
+    version = obj.weight_version  # UpdateWeight(s)From*ReqInput (sglang_internals)
     if version is None:
         return
     from sglang.srt.managers.io_struct import UpdateWeightVersionReqInput
@@ -91,7 +91,7 @@ def wrap_control(name: str) -> Callable[[Callable], Callable]:
             side = hooks.ENGINE
             if side is None:
                 return await original(self, *args, **kwargs)
-            if name == "pause_generation" and getattr(args[0] if args else kwargs.get("obj"), "mode", None) == "abort":
+            if name == "pause_generation" and (args[0] if args else kwargs["obj"]).mode == "abort":
                 side.user_aborts += 1  # requests failing from here on were aborted by the trainer (hooks.py)
             async with side.ops_lock:
                 out = await original(self, *args, **kwargs)
@@ -100,7 +100,7 @@ def wrap_control(name: str) -> Callable[[Callable], Callable]:
                     await _record_version(self, obj)
                     # Paused in place, the held requests will not finish: SGLang's answer stands.
                     if not self.is_pause and isinstance(out, tuple) and await _flush_when_idle(self):
-                        out = _flushed(out, getattr(obj, "weight_version", None))
+                        out = _flushed(out, obj.weight_version)
             if _succeeded(out):
                 if holds:
                     side.held.add(holds)

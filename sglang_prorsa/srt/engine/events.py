@@ -13,9 +13,12 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from sglang_prorsa.srt.common.messages import Decoding
+
+if TYPE_CHECKING:
+    from sglang_prorsa.srt.engine.peer_client import PeerClient
 
 logger = logging.getLogger(__name__)
 
@@ -24,9 +27,9 @@ MAX_BUFFERED = 50_000  # beyond this the oldest events are dropped (and counted)
 
 
 class EngineEvents:
-    def __init__(self, controller_url: str, side: Any) -> None:
+    def __init__(self, controller_url: str, client: PeerClient | None) -> None:
         self.url = controller_url.rstrip("/") + "/lifecycle" if controller_url else ""
-        self.side = side
+        self.client = client  # carries the batches to the controller (None: a single server's ``local`` only)
         self.local: Callable[[list[dict]], Any] | None = None  # a single server's own control plane
         self._buffer: list[dict[str, Any]] = []
         self.dropped = 0
@@ -86,8 +89,8 @@ class EngineEvents:
                 if self.local is not None:
                     await asyncio.to_thread(self.local, batch)
                 else:
-                    status, answer = await self.side.post_json(self.url, {"events": batch}, timeout_s=10,
-                                                               generation=True)
+                    status, answer = await self.client.post_json(self.url, {"events": batch}, timeout_s=10,
+                                                                 generation=True)
                     if status != 200:
                         logger.warning("controller refused %d lifecycle events (%s): %s", len(batch), status, answer)
                 self.sent += len(batch)

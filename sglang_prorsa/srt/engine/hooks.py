@@ -8,7 +8,7 @@ request names the other role): then it is handed on at arrival.
 ``_stream_one_response`` (one request's outputs, streamed or not, single or batch) passes outputs through until
 the request ends with an abort that a record continues (``aborts.py``: the scheduler took it off, or SGLang lost its
 KV transfer): then the request is continued elsewhere and the caller gets the stitched outputs instead of the abort
-(``EngineSide.resume``).
+(``Resumer.resume``).
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ import contextvars
 import logging
 from typing import Any
 
+from sglang_prorsa.policy.lifecycle.events import MAX_ID_CHARS
+from sglang_prorsa.srt.common.messages import RESUME_HEADER, ROLE_HEADER
 from sglang_prorsa.srt.engine import aborts, request_guard
 from sglang_prorsa.srt.engine.aborts import HandedBack
 from sglang_prorsa.srt.engine.continuation import aborted_output
-from sglang_prorsa.srt.engine.side import EngineSide, forwarded_headers, keep_prompt_ids
-from sglang_prorsa.policy.lifecycle.events import MAX_ID_CHARS
-from sglang_prorsa.srt.common.messages import RESUME_HEADER, ROLE_HEADER
+from sglang_prorsa.srt.engine.local import Admission, keep_prompt_ids
+from sglang_prorsa.srt.engine.side import EngineSide, forwarded_headers
 
 logger = logging.getLogger(__name__)
 
@@ -33,15 +34,15 @@ _INPUT_ERRORS = (TypeError, AttributeError, KeyError, IndexError, OverflowError)
 class _Entry:
     """One generation request between arrival and reaching the scheduler (counted for a switch's quiet check)."""
 
-    def __init__(self, side: EngineSide) -> None:
-        self.side = side
+    def __init__(self, admission: Admission) -> None:
+        self.admission = admission
         self.open = True
-        side.entering += 1
+        admission.entering += 1
 
     def close(self) -> None:
         if self.open:
             self.open = False
-            self.side.entering -= 1
+            self.admission.entering -= 1
 
 
 _ENTRY: contextvars.ContextVar[_Entry | None] = contextvars.ContextVar("prorsa_entry", default=None)
@@ -60,16 +61,17 @@ def wrap_generate_request(original):
             async for out in original(self, obj, request):
                 yield out
             return
-        if side.rebuilding:  # the scheduler is mid-rebuild: nothing reaches it until its new role is up
-            await side.rebuilt()
+        if side.admission.rebuilding:  # the scheduler is mid-rebuild: nothing reaches it until its new role is up
+            await side.admission.rebuilt()
         role = _header(request, ROLE_HEADER)
         if _single(obj) and side.role in ("prefill", "decode") and (
-                not side.admitting or (role is not None and role != side.role)) and not _swept_later(side, obj, role):
+                not side.admission.admitting or (role is not None and role != side.role)) and not _swept_later(
+                    side, obj, role):
             obj.normalize_batch_and_arguments()
-            async for out in side.hand_on_at_arrival(obj, request, role):
+            async for out in side.resumer.hand_on_at_arrival(obj, request, role):
                 yield out
             return
-        entry = _Entry(side)
+        entry = _Entry(side.admission)
         _ENTRY.set(entry)  # this task's context: the generator may be finalised elsewhere, so it is never reset
         try:
             async for out in original(self, obj, request):
@@ -98,6 +100,7 @@ def wrap_generate_request_guard(original):
             async for out in original(self, obj, request):
                 yield out
         except ValueError:
+            # hasattr: SGLang sets is_single only in normalize_batch_and_arguments
             if isinstance(obj, GenerateReqInput) and not hasattr(obj, "is_single"):
                 # Refused before SGLang normalised it: SGLang's streaming route still schedules its abort task,
                 # which reads ``is_single`` -- missing, it raised and dropped the caller's connection unanswered.
@@ -109,7 +112,7 @@ def wrap_generate_request_guard(original):
 
 def _limits(tm: Any) -> request_guard.Limits:
     """This tokenizer manager's limits, read once from SGLang's server arguments."""
-    limits = getattr(tm, "_prorsa_limits", None)
+    limits = getattr(tm, "_prorsa_limits", None)  # ours, set below on first use (not an SGLang attribute)
     if limits is None:
         args = tm.server_args
         limits = tm._prorsa_limits = request_guard.Limits(
@@ -146,8 +149,8 @@ def _swept_later(side: EngineSide, obj: Any, role: str | None) -> bool:
     """A decode half reaching a decode instance whose switch is still sweeping is admitted: the next sweep moves it
     with its prefill side deciding, so a prefill that already began is received and resumed from its KV, not
     thrown away (handing it on at arrival would release a prefill half that may have finished)."""
-    return (side.switch is not None and not side.rebuilding and side.role == "decode" and role in (None, "decode")
-            and getattr(obj, "bootstrap_room", None) is not None)
+    return (side.switch is not None and not side.admission.rebuilding and side.role == "decode"
+            and role in (None, "decode") and obj.bootstrap_room is not None)
 
 
 def _single(obj: Any) -> bool:
@@ -176,14 +179,16 @@ def wrap_stream_one_response(original):
         entry = _ENTRY.get()
         if entry is not None:
             entry.close()  # the request is with the scheduler now
-        if side is None:
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        if side is None or not isinstance(obj, GenerateReqInput):  # an EmbeddingReqInput is not ours to resume
             async for out in original(self, obj, state, request):
                 yield out
             return
         report = side.events.enabled and side.role != "prefill" and _header(request, RESUME_HEADER) is None
         tid = trajectory_of(request) if report else None
         if tid:
-            side.events.arrived(obj.rid, tid, len(await side.prompt_ids(obj)), _prefill_of(side, obj))
+            side.events.arrived(obj.rid, tid, len(await side.tm_view.prompt_ids(obj)), _prefill_of(side, obj))
         aborts_at_entry = side.user_aborts
         ids = text = 0  # what the caller has received so far (streaming)
         incremental = bool(obj.stream) and bool(self.incremental_streaming_output)
@@ -210,11 +215,11 @@ def wrap_stream_one_response(original):
         try:
             async for out in original(self, obj, state, request):
                 if state.finished and aborts.is_final_abort(out):
-                    record = await aborts.record_for_output(side, obj, state, out, request, ids, aborts_at_entry)
+                    record = await side.aborts.record_for_output(obj, state, out, request, ids, aborts_at_entry)
                     if record is not None:
                         async with _model_lock_released(self):
-                            async for resumed in side.resume(obj, state, record, out, (ids, text),
-                                                             forwarded_headers(request)):
+                            async for resumed in side.resumer.resume(obj, state, record, out, (ids, text),
+                                                                     forwarded_headers(request)):
                                 yield deliver(resumed, _finished(resumed))
                         break  # this abort was the last output of the scheduler's request
                 if first and tid:
@@ -226,18 +231,19 @@ def wrap_stream_one_response(original):
         except Exception as e:  # SGLang raises for aborts that carry an HTTP status (a failed KV transfer, ...)
             if not aborts.is_abort_exception(e, state):
                 raise
-            record = await aborts.record_for_raise(side, obj, request, ids, aborts_at_entry)
+            record = await side.aborts.record_for_raise(obj, request, ids, aborts_at_entry)
             if record is None:
                 if side.user_aborts == aborts_at_entry or ids:
                     raise
                 # SGLang fails a PD half whose transfer a pause(abort) or abort-all cut with an HTTP error; the
                 # trainer asked for an abort, so it gets one, in the shape of every other aborted request.
-                yield deliver(aborted_output(obj.rid, len(await side.prompt_ids(obj)), "aborted by the trainer "
-                                             "(pause_generation abort or abort_request abort_all)",
-                                             side.weight_version()), True)
+                yield deliver(aborted_output(obj.rid, len(await side.tm_view.prompt_ids(obj)), "aborted by the "
+                                             "trainer (pause_generation abort or abort_request abort_all)",
+                                             side.tm_view.weight_version()), True)
                 return
             async with _model_lock_released(self):
-                async for resumed in side.resume(obj, state, record, None, (ids, text), forwarded_headers(request)):
+                async for resumed in side.resumer.resume(obj, state, record, None, (ids, text),
+                                                         forwarded_headers(request)):
                     yield deliver(resumed, _finished(resumed))
         report_end(ids)  # a response that ended without a final output
 

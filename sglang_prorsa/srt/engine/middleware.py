@@ -7,9 +7,12 @@ refused field in a generation route's 400."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+
+if TYPE_CHECKING:
+    from sglang_prorsa.srt.engine.side import EngineSide
 
 GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
 ABORT_PATH = "/abort_request"
@@ -21,7 +24,7 @@ _CODES = frozenset({"suspected_poison", "resume_failed"})  # messages.Code value
 
 
 class EngineMiddleware:
-    def __init__(self, app: Any, side: Any, cpu: bool = False) -> None:
+    def __init__(self, app: Any, side: EngineSide, cpu: bool = False) -> None:
         self.app = app
         self.side = side
         self.cpu = cpu

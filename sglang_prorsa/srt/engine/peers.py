@@ -43,10 +43,14 @@ class PeerView:
         self.inflight: dict[str, int] = {}
         self.version = 0
 
+    def moved(self, peers: Iterable[Peer]) -> list[Peer]:
+        """Those of ``peers`` whose transfer endpoints changed (new role or restart) since this view learnt them."""
+        return [p for p in peers if p.instance_id in self.peers and self.peers[p.instance_id].epoch != p.epoch]
+
     def update(self, peers: Iterable[Peer], version: int | None = None) -> list[Peer]:
         """Replace the view; returns the peers whose transfer endpoints changed (new role or restart)."""
         new = {p.instance_id: p for p in peers}
-        changed = [p for i, p in new.items() if i in self.peers and self.peers[i].epoch != p.epoch]
+        changed = self.moved(new.values())
         self.peers = new
         self.version = self.version + 1 if version is None else version
         return changed

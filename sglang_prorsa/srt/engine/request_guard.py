@@ -89,11 +89,11 @@ def check(obj: Any, limits: Limits | int | None) -> Shape:
     _check_sampling_params(obj.sampling_params, shape)
     _check_sampling_values(obj.sampling_params, vocab_size)
     for name in PD_FIELDS + PER_PROMPT:
-        _check_per_prompt(name, getattr(obj, name, None), shape)
+        _check_per_prompt(name, getattr(obj, name), shape)  # GenerateReqInput fields (sglang_internals)
     _check_ranges(obj, shape, vocab_size)
     _check_sampling_ints(obj.sampling_params)
     _check_pd_limits(obj, limits)
-    overrides = getattr(obj, "positional_embed_overrides", None)
+    overrides = obj.positional_embed_overrides
     if overrides is not None and type(overrides).__name__ != "PositionalEmbeds":
         # Only an in-process caller can build SGLang's PositionalEmbeds; any JSON value killed the scheduler.
         raise RequestRefused("positional_embed_overrides", "is not accepted over HTTP (must be null)")
@@ -132,14 +132,14 @@ def check_tokenized(obj: Any, input_ids: Any) -> None:
     """A prompt that is empty once tokenized (``""`` with a tokenizer that adds no BOS token) would be a 0-token
     prefill, whose forward raises in the scheduler; SGLang refuses only an empty ``input_ids`` list. A session's
     request may be empty (its history supplies the prompt), and so may one that carries embeddings or media."""
-    if input_ids is None or len(input_ids) or getattr(obj, "input_embeds", None) is not None:
+    if input_ids is None or len(input_ids) or obj.input_embeds is not None:
         return
-    session = getattr(obj, "session_params", None)
-    if (isinstance(session, dict) and session.get("id")) or getattr(obj, "session_id", None):
+    session = obj.session_params
+    if (isinstance(session, dict) and session.get("id")) or obj.session_id:
         return
-    if any(getattr(obj, k, None) for k in ("image_data", "video_data", "audio_data")):
+    if obj.image_data or obj.video_data or obj.audio_data:
         return
-    raise RequestRefused("text" if getattr(obj, "text", None) is not None else "input_ids",
+    raise RequestRefused("text" if obj.text is not None else "input_ids",
                          "the prompt has no tokens once tokenized")
 
 
@@ -177,7 +177,7 @@ def _check_role_support(obj: Any, shape: Shape, limits: Limits) -> None:
         raise RequestRefused("sampling_params", f"n = {shape.n}: parallel sampling is not supported on a PD pair "
                                                 "(SGLang reuses one bootstrap room for the samples); send n requests")
     for name in ("disagg_prefill_dp_rank", "routed_dp_rank", "data_parallel_rank"):
-        rank = getattr(obj, name, None)
+        rank = getattr(obj, name)
         # This instance's own ranks are bounded by its dp size; a decode half's prefill rank by its prefill's.
         top = limits.dp_size if name != "disagg_prefill_dp_rank" or limits.role == "prefill" else 1 << 16
         if rank is not None and (type(rank) is not int or not 0 <= rank < top):
@@ -298,11 +298,11 @@ def _check_ranges(obj: Any, shape: Shape, vocab_size: int | None) -> None:
     if isinstance(room, list) and len({r for r in rooms if r is not None}) < sum(r is not None for r in rooms):
         raise RequestRefused("bootstrap_room", "rooms of one batch must differ")
     for field, low, high in (("bootstrap_port", 1, 65535), ("decode_tp_size", 1, 1 << 16)):
-        for v in _values(getattr(obj, field, None)):
+        for v in _values(getattr(obj, field)):
             if not low <= v <= high:
                 raise RequestRefused(field, f"{v} is outside [{low}, {high}]")
     for field in ("bootstrap_host", "bootstrap_pair_key"):
-        for v in _values(getattr(obj, field, None)):
+        for v in _values(getattr(obj, field)):
             if not v or len(v) > MAX_HOST_CHARS:
                 raise RequestRefused(field, f"must be 1-{MAX_HOST_CHARS} characters")
     for v in _values(obj.top_logprobs_num):

@@ -27,13 +27,13 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sglang_prorsa.srt.common.auth import admin
+from sglang_prorsa.srt.common.http_utils import coded_error, field_error, json_body
+from sglang_prorsa.srt.common.messages import ChannelError, Code
 from sglang_prorsa.srt.disaggregation.kv_store import check_key
 from sglang_prorsa.srt.engine.peers import Peer
 from sglang_prorsa.srt.engine.side import EngineSide
-from sglang_prorsa.srt.engine.switch import SwitchFailed, SwitchJob
+from sglang_prorsa.srt.engine.switch import SwitchFailed
 from sglang_prorsa.srt.engine.watchdog import held_rooms, stuck_rooms
-from sglang_prorsa.srt.common.http_utils import coded_error, field_error, json_body
-from sglang_prorsa.srt.common.messages import ChannelError, Code, Inventory, LoadPrefix, PeerLost, Status
 from sglang_prorsa.srt.scheduler.counters import prometheus_text
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
             return coded_error(409, Code.CONTROL_OPERATION, f"switches are held: {', '.join(sorted(side.held))}")
         if side.role == new_role:
             return coded_error(409, Code.ALREADY_IN_ROLE, f"instance is already {new_role}", field="new_role")
-        job = side.switch = SwitchJob(side, new_role, float(timeout_s), cpu)
+        job = side.switch = side.switch_job(new_role, float(timeout_s), cpu)
         try:
             async with side.ops_lock:  # a weight update or pause arriving now waits for the rebuilt role
                 report = await job.run()
@@ -97,8 +97,8 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
     async def migrate_out():
         if side.switch is not None:
             return coded_error(409, Code.SWITCHING, "a switch is running on this instance")
-        side.admitting = False  # stays closed until POST /prorsa/admission {"accept": true}
-        job = SwitchJob(side, new_role=side.role, timeout_s=60, cpu=cpu)
+        side.admission.admitting = False  # stays closed until POST /prorsa/admission {"accept": true}
+        job = side.switch_job(side.role, timeout_s=60, cpu=cpu)
         persist_s = await job.sweep()
         taken = set(job.taken)
         records = [r.to_json() for r in side.book.recent if r.rid in taken]
@@ -115,8 +115,8 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
             return field_error("accept", "must be true or false")
         if side.switch is not None:
             return coded_error(409, Code.SWITCHING, "a switch is running; admission resumes when it ends")
-        side.admitting = accept
-        return JSONResponse({"admitting": side.admitting})
+        side.admission.admitting = accept
+        return JSONResponse({"admitting": side.admission.admitting})
 
     @router.post("/prorsa/release")
     @admin
@@ -127,7 +127,7 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
             return field_error("rooms", "must be a list of non-negative integers (bootstrap rooms)")
         if not isinstance(only, bool):
             return field_error("only_not_started", "must be true or false")
-        rids, taken = await side.release_here(rooms, only)
+        rids, taken = await side.scheduler.release(rooms, only)
         return JSONResponse({"released": rids, "rooms": taken})
 
     @router.post("/prorsa/peer_lost")
@@ -141,7 +141,7 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
             return field_error("bootstrap_port", "must be a port number")
         if side.role != "decode":
             return JSONResponse({"released": []})
-        res = await side.channel.call(PeerLost(host=host, port=port))
+        res = await side.scheduler.peer_lost(host, port)
         side.counters["released_for_lost_prefill"] += len(res.rids)
         return JSONResponse({"released": res.rids})
 
@@ -156,7 +156,7 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
         stuck: list[int] = []
         if held and side.role == "prefill" and side.switch is None and not side.held:  # a paused one waits by intent
             try:  # briefly: the asker treats a prefill instance that does not answer within 10 s as lost
-                stuck = stuck_rooms(await side.channel.call(Inventory(), timeout_s=STUCK_CHECK_TIMEOUT_S), set(held))
+                stuck = stuck_rooms(await side.scheduler.inventory(timeout_s=STUCK_CHECK_TIMEOUT_S), set(held))
             except TimeoutError:
                 pass  # a scheduler too busy to answer is not idle: nothing of it is stuck
         return JSONResponse({"held": held, "stuck": stuck})
@@ -168,7 +168,7 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
         rooms = body.get("rooms")
         if not _rooms(rooms):
             return field_error("rooms", "must be a list of non-negative integers (bootstrap rooms)")
-        return JSONResponse({"expected": await side.expect_here(rooms)})
+        return JSONResponse({"expected": await side.scheduler.expect(rooms)})
 
     @router.post("/prorsa/kv/load")
     @admin
@@ -186,7 +186,7 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
             return field_error("keys", f"{len(keys)} keys cannot cover {len(ids)} tokens in blocks of {bt}")
         if not isinstance(hold, str):
             return field_error("hold_for_rid", "must be a string (the rid of the request that will use it)")
-        r = await side.channel.call(LoadPrefix(token_ids=ids, keys=keys, block_tokens=bt, hold_for_rid=hold))
+        r = await side.scheduler.load_prefix(ids, keys, bt, hold)
         return JSONResponse(vars(r))
 
     @router.post("/prorsa/peers")
@@ -202,13 +202,15 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
             return field_error("instances", f"each needs instance_id, url, role ({e})")
         if version is not None and not _non_negative_int(version):
             return field_error("version", "must be a non-negative integer")
-        changed = side.peers.update(parsed, version)
-        forgotten = await side.forget_prefills(changed)
+        # What this instance's scheduler cached about a peer whose endpoints changed goes first, so no continuation
+        # picks that peer under its new epoch while the old endpoints are still known here.
+        forgotten = await side.scheduler.forget_prefills(side.peers.moved(parsed))
+        side.peers.update(parsed, version)
         return JSONResponse({"peers": len(parsed), "version": side.peers.version, "forgotten": forgotten})
 
     @router.get("/prorsa/status")
     async def status(since: int = -1):
-        st = await side.channel.call(Status(since=since))
+        st = await side.scheduler.status(since)
         d = dict(vars(st))
         d["busy_intervals"] = [vars(i) for i in st.busy_intervals]
         d["instance"] = side.instance_id
@@ -217,12 +219,12 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
 
     @router.get("/prorsa/metrics")
     async def metrics():
-        st = await side.channel.call(Status())
+        st = await side.scheduler.status()
         counters = {**st.counters, **{k: float(v) for k, v in side.counters.items()},
                     "switches": side.switches, "lifecycle_events_dropped": side.events.dropped}
         gauges = {"kv_footprint_tokens": st.kv_footprint_tokens, "kv_capacity_tokens": st.kv_capacity_tokens,
                   "prefix_cache_tokens": st.prefix_cache_tokens, "running_requests": st.running,
-                  "queued_requests": st.queued, "idle": int(st.idle), "resuming_requests": side.resuming}
+                  "queued_requests": st.queued, "idle": int(st.idle), "resuming_requests": side.resumer.resuming}
         return PlainTextResponse(prometheus_text(side.instance_id, st.role, counters, gauges))
 
     return router

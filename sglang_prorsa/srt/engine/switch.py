@@ -12,7 +12,9 @@ The controller has already taken the instance out of every routing pool. Then, u
 4. when quiet (scheduler idle, nothing on its way in), *rebuild* the role through SGLang's own teardown/init
    (weights stay resident).
 
-Requests arriving meanwhile are handed on at arrival (``EngineSide.hand_on_at_arrival``).
+Requests arriving meanwhile are handed on at arrival (``Resumer.hand_on_at_arrival``). The job works through the
+collaborators it is given: this instance's scheduler, the other halves of its PD pairs, its admission, the orphan
+check, and SGLang's tokenizer manager (the rebuild).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import logging
 import time
 from typing import Any
 
-from sglang_prorsa.srt.engine import watchdog
-from sglang_prorsa.srt.common.messages import Inventory, MigrateOut, Status
+from sglang_prorsa.srt.engine.local import Admission, LocalScheduler, TokenizerManagerView
+from sglang_prorsa.srt.engine.peer_client import PairHalves
+from sglang_prorsa.srt.engine.watchdog import OrphanWatch
 
 logger = logging.getLogger(__name__)
 
@@ -47,10 +50,16 @@ class SwitchFailed(RuntimeError):
 
 
 class SwitchJob:
-    def __init__(self, side: Any, new_role: str, timeout_s: float, cpu: bool) -> None:
-        self.side = side
+    def __init__(self, new_role: str, timeout_s: float, cpu: bool, *, old_role: str, scheduler: LocalScheduler,
+                 pairs: PairHalves, admission: Admission, orphans: OrphanWatch,
+                 tm: TokenizerManagerView | None = None) -> None:
+        self.scheduler = scheduler
+        self.pairs = pairs
+        self.admission = admission
+        self.orphan_watch = orphans
+        self.tm = tm
         self.new_role = new_role
-        self.old_role = side.role
+        self.old_role = old_role
         self.timeout_s = timeout_s
         self.cpu = cpu
         self.taken: list[str] = []  # rids taken off here (continued elsewhere, or handed on)
@@ -61,16 +70,15 @@ class SwitchJob:
         self.timings: dict[str, float] = {}
 
     async def run(self) -> dict[str, Any]:
-        side = self.side
         t0 = time.perf_counter()
-        side.admitting = False
+        self.admission.admitting = False
         try:
             persist_s = await self._sweep_until_quiet(t0)
             t_quiet = time.perf_counter()
             await self._rebuild()
             t_done = time.perf_counter()
         finally:
-            side.admitting = True
+            self.admission.admitting = True
         self.timings = {"quiesce_s": t_quiet - t0 - persist_s, "persist_s": persist_s,
                         "rebuild_s": t_done - t_quiet, "total_s": t_done - t0}
         return self.report()
@@ -104,25 +112,24 @@ class SwitchJob:
 
         The prefill side of each pair decides which queued requests move (only it knows whether their prefill
         began), so none is prefilled twice; both sides book a record before either half can fail."""
-        side = self.side
         self.sweeps += 1
-        inv = await side.channel.call(Inventory())
-        side.expect_queued(inv.queued, inv.role)
+        inv = await self.scheduler.inventory()
+        self.scheduler.book_queued(inv.queued, inv.role)
         rooms = [q.bootstrap_room for q in inv.queued if q.bootstrap_room is not None]
+        reason = f"switch to {self.new_role}"
         if inv.role == "decode":
-            released = await side.release_prefill_halves(inv.queued)  # taken there only if their prefill had not begun
+            released = await self.pairs.release_prefill_halves(inv.queued)  # taken there only if not begun there
             taken_there = {room for rs in released.values() for room in rs}
             move = frozenset(q.rid for q in inv.queued if q.bootstrap_room in taken_there)
             if not move and not inv.with_kv:
                 return 0.0
-            res = await side.channel.call(MigrateOut(queued_rids=move, reason=f"switch to {self.new_role}"))
+            res = await self.scheduler.migrate_out(move, reason)
         else:
             if not rooms:
                 return 0.0
-            await side.expect_decode_halves(rooms)
-            res = await side.channel.call(MigrateOut(queued_rids=frozenset(q.rid for q in inv.queued),
-                                                     reason=f"switch to {self.new_role}"))
-            released = await side.release_decode_halves(res.rooms)
+            await self.pairs.expect_decode_halves(rooms)
+            res = await self.scheduler.migrate_out(frozenset(q.rid for q in inv.queued), reason)
+            released = await self.pairs.release_decode_halves(res.rooms)
         for peer, rs in released.items():
             self.released.setdefault(peer, []).extend(rs)
         logger.info("switch sweep %d (%s): %d with KV, %d queued (rooms %s); released elsewhere %s; taken off %d %s",
@@ -134,7 +141,7 @@ class SwitchJob:
 
     async def _take_orphans(self) -> None:
         try:
-            taken = await watchdog.check_once(self.side, stale_s=ORPHAN_STALE_S)
+            taken = await self.orphan_watch.check_once(stale_s=ORPHAN_STALE_S)
         except Exception:  # a missed check is made again at the next one; the switch goes on
             logger.exception("orphan check during the switch failed")
             return
@@ -143,21 +150,15 @@ class SwitchJob:
             self.orphans += taken
 
     async def _quiet(self) -> bool:
-        st = await self.side.channel.call(Status())
-        return st.idle and self.side.entering == 0
+        st = await self.scheduler.status()
+        return st.idle and self.admission.entering == 0
 
     async def _rebuild(self) -> None:
-        from sglang.srt.managers.io_struct import PdRoleSwitchReqInput
-
-        side = self.side
-        side.set_rebuilding(True)
+        self.admission.set_rebuilding(True)
         try:
-            req = PdRoleSwitchReqInput(new_role=self.new_role)
-            if self.cpu and self.new_role == "decode":
-                req.decode_cuda_graph_memory_gb = 0  # SGLang refuses the CPU flip to decode without it
-            out = await side.tm.pd_role_switch(req)
+            out = await self.tm.rebuild_role(self.new_role, self.cpu)
         finally:
-            side.set_rebuilding(False)
+            self.admission.set_rebuilding(False)
         if not out.success:
             raise SwitchFailed(f"SGLang refused the role rebuild: {out.message}",
                                status=409 if out.safe_to_restore else 502)

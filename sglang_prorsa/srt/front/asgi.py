@@ -15,8 +15,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from sglang_prorsa.srt.front.relay import Relay
 from sglang_prorsa.srt.common.messages import Code
+from sglang_prorsa.srt.front.relay import Relay
 
 logger = logging.getLogger(__name__)
 

@@ -26,10 +26,10 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from sglang_prorsa.srt.common.registry import Instance, Registry
-from sglang_prorsa.srt.common.http_utils import UPSTREAM_KEEPALIVE_S, died_serving, post_fresh
 from sglang_prorsa.policy.lifecycle.events import MAX_ID_CHARS
+from sglang_prorsa.srt.common.http_utils import UPSTREAM_KEEPALIVE_S, died_serving, post_fresh
 from sglang_prorsa.srt.common.messages import LOST_HEADER, MAX_DEATHS, ROLE_HEADER, ROUTE_HEADER, Code
+from sglang_prorsa.srt.common.registry import Instance, Registry
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class Relay:
         self.stats["requests"] += 1
         tried: set[str] = set()
         deaths = 0
-        for attempt in range(ATTEMPTS):
+        for _attempt in range(ATTEMPTS):
             if deaths >= MAX_DEATHS:
                 return self._poison(deaths)
             if deaths:

@@ -14,9 +14,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-logger = logging.getLogger(__name__)
+from sglang_prorsa.srt.common.pins import SGLANG_VERSION  # the pin's one source is requirements/base.txt (pins.py)
 
-SGLANG_VERSION = "0.5.23"
+logger = logging.getLogger(__name__)
 
 
 class SGLangVersionMismatch(RuntimeError):

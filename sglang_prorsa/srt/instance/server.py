@@ -20,8 +20,8 @@ import time
 from sglang_prorsa import __version__
 from sglang_prorsa.config import InstanceSpec, ProrsaConfig
 from sglang_prorsa.srt.common.auth import AuthKeys, mark_admin_routes, mount
-from sglang_prorsa.srt.disaggregation.kv_persist import KVStoreConfig
 from sglang_prorsa.srt.common.messages import PORT_TAKEN_EXIT
+from sglang_prorsa.srt.disaggregation.kv_persist import KVStoreConfig
 
 logger = logging.getLogger("sglang_prorsa.instance")
 
@@ -58,14 +58,15 @@ def run_instance(spec: InstanceSpec) -> None:
     from sglang.srt.entrypoints.engine import init_tokenizer_manager as sglang_init_tokenizer_manager
     from sglang.srt.utils import kill_process_tree
 
+    from sglang_prorsa.srt.common import sglang_internals
     from sglang_prorsa.srt.common.channel import ChannelAddresses, EngineChannel
     from sglang_prorsa.srt.engine import hooks
     from sglang_prorsa.srt.engine.middleware import EngineMiddleware
     from sglang_prorsa.srt.engine.routes import make_engine_router
     from sglang_prorsa.srt.engine.side import EngineSide
     from sglang_prorsa.srt.instance.overrides import REGISTRY, SGLANG_VERSION, apply_overrides
-    from sglang_prorsa.srt.scheduler.extension import SchedulerRuntime
     from sglang_prorsa.srt.instance.scheduler_process import run_scheduler_process
+    from sglang_prorsa.srt.scheduler.extension import SchedulerRuntime
 
     apply_overrides()
     logging.getLogger("uvicorn.error").addFilter(ExitWhenPortTaken(spec.port))
@@ -84,6 +85,8 @@ def run_instance(spec: InstanceSpec) -> None:
 
     def init_tokenizer_manager(*args, **kwargs):
         tm, templates = sglang_init_tokenizer_manager(*args, **kwargs)
+        # The declared attributes were checked on the class at start-up; this confirms them on the live object.
+        sglang_internals.check_instance(tm, "sglang.srt.managers.tokenizer_manager:TokenizerManager")
         side.tm = tm
         return tm, templates
 
@@ -96,14 +99,8 @@ def run_instance(spec: InstanceSpec) -> None:
                 "controller": spec.controller_url or None, "overrides": REGISTRY.describe()}
 
     if not spec.controller_url:
-        from sglang_prorsa.srt.lifecycle_routes import make_router
-        from sglang_prorsa.policy.control_plane import LifecycleControlPlane
-
-        control_plane = LifecycleControlPlane()
-        control_plane.start()  # refreshed in its own thread (a daemon: it ends with the server)
-        mount(app, make_router(control_plane))
+        control_plane = mount_lifecycle(app, spec.prorsa)
         side.events.local = lambda events: control_plane.ingest_payload({"events": events})
-        mark_admin_routes(app, {("POST", "/lifecycle/config")})
     app.add_middleware(EngineMiddleware, side=side, cpu=str(server_args.device) == "cpu")
 
     def on_serving() -> None:  # SGLang calls this from its warm-up thread once the server answers
@@ -117,6 +114,18 @@ def run_instance(spec: InstanceSpec) -> None:
                                   launch_callback=on_serving)
     finally:
         kill_process_tree(os.getpid(), include_parent=False)
+
+
+def mount_lifecycle(app, config: ProrsaConfig):
+    """A single server's own lifecycle control plane (no controller), its routes mounted on ``app``: S from
+    ``--prorsa-horizon`` (``control_plane_for``), refreshed in its own thread (a daemon: it ends with the server)."""
+    from sglang_prorsa.srt.lifecycle_routes import control_plane_for, make_router
+
+    control_plane = control_plane_for(config)
+    control_plane.start()
+    mount(app, make_router(control_plane))
+    mark_admin_routes(app, {("POST", "/lifecycle/config")})
+    return control_plane
 
 
 class ExitWhenPortTaken(logging.Filter):

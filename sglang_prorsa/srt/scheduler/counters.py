@@ -46,7 +46,7 @@ class InstanceCounters:
         for req in reqs:
             if req.rid not in self._seen:
                 self._seen.add(req.rid)
-                self._cached += int(getattr(req, "cached_tokens", 0) or 0)
+                self._cached += int(req.cached_tokens)
                 self._requests += 1
 
     def _count_for(self, rid: str, n: int) -> None:

@@ -22,7 +22,6 @@ from typing import Any
 
 from sglang_prorsa.srt.common import sglang_internals
 from sglang_prorsa.srt.common.channel import ChannelAddresses, SchedulerChannel
-from sglang_prorsa.srt.disaggregation.kv_persist import KVStoreConfig
 from sglang_prorsa.srt.common.messages import (
     Code,
     Decoding,
@@ -41,6 +40,7 @@ from sglang_prorsa.srt.common.messages import (
     Status,
     StatusResult,
 )
+from sglang_prorsa.srt.disaggregation.kv_persist import KVStoreConfig
 from sglang_prorsa.srt.scheduler.counters import InstanceCounters
 from sglang_prorsa.srt.scheduler.kv import KVSide
 
@@ -77,7 +77,7 @@ def sampling_dict(req: Any) -> dict[str, Any]:
     sp = req.sampling_params
     out: dict[str, Any] = {}
     for name in _SAMPLING_FIELDS:
-        v = getattr(sp, name, None)
+        v = getattr(sp, name)  # every name is SamplingParams' (sglang_internals.SAMPLING_PARAMS_FIELDS)
         if isinstance(v, set):
             v = sorted(v)
         if v is None or isinstance(v, (bool, int, float, str, list)):
@@ -101,7 +101,7 @@ class ProrsaSchedulerMixin:
     """Methods added to SGLang's Scheduler (only new ``prorsa_*`` names; none of SGLang's is replaced)."""
 
     def prorsa_side(self) -> SchedulerSide | None:
-        side = getattr(self, "_prorsa_side", None)
+        side = getattr(self, "_prorsa_side", None)  # ours, made on first use (not an SGLang attribute)
         if side is None and RUNTIME is not None:
             side = SchedulerSide(self, RUNTIME)
             self._prorsa_side = side
@@ -116,12 +116,23 @@ class ProrsaSchedulerMixin:
         marker = RUNTIME.crash_on_tokens if RUNTIME is not None else ()
         if not marker or str(self.disaggregation_mode.value) == "decode":
             return
-        # A (Batch)TokenizedGenerateReqInput: a batch holds its requests in ``batch``; ids are an array('l').
-        reqs = [r for recv in recv_reqs or () for r in (getattr(recv, "batch", None) or (recv,))]
+        from sglang.srt.managers.io_struct import (
+            BatchTokenizedEmbeddingReqInput,
+            BatchTokenizedGenerateReqInput,
+            TokenizedEmbeddingReqInput,
+            TokenizedGenerateReqInput,
+        )
+
+        # A (Batch)Tokenized*ReqInput: a batch holds its requests in ``batch``; ids are an array('l'). Every other
+        # message the scheduler receives (control requests, aborts) carries no prompt.
+        batches = (BatchTokenizedGenerateReqInput, BatchTokenizedEmbeddingReqInput)
+        reqs = [r for recv in recv_reqs or () for r in (recv.batch if isinstance(recv, batches) else (recv,))]
         for req in reqs:
-            ids = getattr(req, "input_ids", None)
-            if ids is not None and not isinstance(ids, (str, bytes)) and _contains(list(ids), marker):
-                raise RuntimeError(f"prorsa test crash: request {getattr(req, 'rid', '?')} holds the marked tokens "
+            if not isinstance(req, (TokenizedGenerateReqInput, TokenizedEmbeddingReqInput)):
+                continue
+            ids = req.input_ids
+            if ids is not None and _contains(list(ids), marker):
+                raise RuntimeError(f"prorsa test crash: request {req.rid} holds the marked tokens "
                                    f"{list(marker)} (--prorsa-test-crash-on-tokens)")
 
     def prorsa_observe_extend(self, batch: Any) -> None:
@@ -130,7 +141,7 @@ class ProrsaSchedulerMixin:
             # SGLang's /health generates one token with a fake PD pair: not serving work, so not counted (a router's
             # health checks would otherwise add prompt tokens that no request sent).
             health = [i for i, r in enumerate(batch.reqs) if str(r.rid).startswith(HEALTH_CHECK_RID_PREFIX)]
-            lens = getattr(batch, "extend_lens", None) or []
+            lens = batch.extend_lens or []  # None until SGLang prepared the extend
             new_tokens = int(batch.extend_num_tokens) - sum(int(lens[i]) for i in health if i < len(lens))
             side.counters.observe_extend(new_tokens, [r for i, r in enumerate(batch.reqs) if i not in health],
                                          [n for i, n in enumerate(lens) if i not in health])

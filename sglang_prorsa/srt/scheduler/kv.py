@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from sglang_prorsa.srt.disaggregation.kv_persist import KVStoreConfig, layout_of, load_blocks, persist_request_kv
 from sglang_prorsa.srt.common.messages import LoadPrefix, LoadPrefixResult, MigratedRequest
+from sglang_prorsa.srt.disaggregation.kv_persist import KVStoreConfig, layout_of, load_blocks, persist_request_kv
 from sglang_prorsa.srt.scheduler.counters import InstanceCounters
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class KVSide:
         capacity = int(self.s.max_total_num_tokens or 0)
         footprint = max(0, capacity - int(self.s.token_to_kv_pool_allocator.available_size())) if capacity else 0
         tree = self.s.tree_cache
-        cached = 0 if getattr(tree, "disable", False) else int(tree.evictable_size()) + int(tree.protected_size())
+        cached = 0 if tree.disable else int(tree.evictable_size()) + int(tree.protected_size())
         return footprint, capacity, cached
 
     # -- persist ----------------------------------------------------------------------------------------------------
@@ -92,7 +92,7 @@ class KVSide:
         page = int(s.page_size or 1)
         n = (len(msg.token_ids) // page) * page  # the radix tree holds whole pages only
         tokens = list(msg.token_ids[:n])
-        if n == 0 or getattr(s.tree_cache, "disable", False):
+        if n == 0 or s.tree_cache.disable:
             return LoadPrefixResult(0, 0, len(msg.keys), 0, time.perf_counter() - t0)
         match = s.tree_cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens))))
         have = (int(match.device_prefix_len) // page) * page

@@ -5,7 +5,6 @@ once, ended by PID when the package's last test is done."""
 from __future__ import annotations
 
 import pytest
-
 from tests_support import running_front, running_router
 
 

@@ -14,15 +14,6 @@ import time
 
 import pytest
 import requests
-
-from sglang_prorsa.testing.front_client import (
-    busiest,
-    distinct_prompts,
-    generate,
-    generate_stream,
-    run_all,
-    switch_under_load,
-)
 from tests_support import (
     LOGPROB_TOL,
     PAGE,
@@ -33,6 +24,15 @@ from tests_support import (
     instances,
     max_logprob_gap,
     status,
+)
+
+from sglang_prorsa.testing.front_client import (
+    busiest,
+    distinct_prompts,
+    generate,
+    generate_stream,
+    run_all,
+    switch_under_load,
 )
 
 pytestmark = pytest.mark.integration

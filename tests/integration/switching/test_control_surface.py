@@ -14,11 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 import torch
+from tests_support import arrange, instances, status
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from sglang_prorsa.testing.front_client import busiest, distinct_prompts, generate, run_all, switch
 from sglang_prorsa.testing.tiny_model import TinyModelSpec, ensure_default_model
-from tests_support import arrange, instances, status
 
 pytestmark = pytest.mark.integration
 

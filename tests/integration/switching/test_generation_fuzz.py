@@ -23,10 +23,10 @@ import pytest
 import requests
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from tests_support import instances
 
 from sglang_prorsa.testing import generation_fuzz as gf
 from sglang_prorsa.testing.profiles import examples
-from tests_support import instances
 
 pytestmark = pytest.mark.integration
 

@@ -14,9 +14,9 @@ import pytest
 import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests_support import instances
 
 from sglang_prorsa.testing.profiles import examples
-from tests_support import instances
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-
-from sglang_prorsa.testing.front_client import busiest, distinct_prompts, generate, run_all, switch
 from tests_support import (
     LOGPROB_TOL,
     PAGE,
@@ -27,6 +25,8 @@ from tests_support import (
     max_logprob_gap,
     status,
 )
+
+from sglang_prorsa.testing.front_client import busiest, distinct_prompts, generate, run_all, switch
 
 pytestmark = pytest.mark.integration
 

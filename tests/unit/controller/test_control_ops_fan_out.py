@@ -8,11 +8,11 @@ import json
 from types import SimpleNamespace
 
 from aiohttp import web
-
-from sglang_prorsa.srt.controller.control_ops import OPS, ControlOps
-from sglang_prorsa.srt.common.registry import Instance, Registry, State
-from sglang_prorsa.srt.front.relay import Relay
 from unit_support import loopback_upstream
+
+from sglang_prorsa.srt.common.registry import Instance, Registry, State
+from sglang_prorsa.srt.controller.control_ops import OPS, ControlOps
+from sglang_prorsa.srt.front.relay import Relay
 
 
 def test_the_query_string_reaches_every_instance_and_a_refusal_keeps_its_status():

@@ -15,9 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from sglang_prorsa.srt.common.registry import Instance, Registry, State
 from sglang_prorsa.srt.controller import launcher
 from sglang_prorsa.srt.controller.health import Health
-from sglang_prorsa.srt.common.registry import Instance, Registry, State
 from sglang_prorsa.srt.utils import processes
 
 PIDS = itertools.count(900001)

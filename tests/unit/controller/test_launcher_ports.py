@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_prorsa.config import InstanceSpec, ProrsaConfig
-from sglang_prorsa.srt.controller import launcher
 from sglang_prorsa.srt.common.messages import PORT_TAKEN_EXIT
+from sglang_prorsa.srt.controller import launcher
 
 
 class StandIn:

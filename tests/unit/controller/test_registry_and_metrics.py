@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
+from sglang_prorsa.policy.role_switch.capacity import Role
+from sglang_prorsa.srt.common.registry import Instance, Registry, State
 from sglang_prorsa.srt.controller.control_ops import _combine
 from sglang_prorsa.srt.controller.metrics import merge_prometheus
-from sglang_prorsa.srt.common.registry import Instance, Registry, State
-from sglang_prorsa.policy.role_switch.capacity import Role
 
 
 def test_registration_adds_once_and_a_comeback_bumps_the_epoch():
@@ -57,9 +57,9 @@ def test_fan_out_answers_keep_sglangs_shape_or_list_the_failures():
 def test_the_control_loop_fits_theta_from_prefill_busy_intervals_only():
     """Issue 11: θ comes from the schedulers' busy intervals (GET /prorsa/status?since=), not from round trips."""
     from sglang_prorsa.config import split_prorsa_flags
-    from sglang_prorsa.srt.controller.loop import ControlLoop
-    from sglang_prorsa.policy.forecast.config import PredictorConfig
     from sglang_prorsa.policy.control_plane import LifecycleControlPlane
+    from sglang_prorsa.policy.forecast.config import PredictorConfig
+    from sglang_prorsa.srt.controller.loop import ControlLoop
 
     config, _ = split_prorsa_flags(["--pd-adaptive", "--prorsa-horizon", "4"])
     loop = ControlLoop(config, Registry(), orchestrator=None, control_plane=LifecycleControlPlane(

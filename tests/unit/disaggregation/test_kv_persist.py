@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from sglang_prorsa.kernels import KVPageCodec
+
 from sglang_prorsa.srt.disaggregation.kv_persist import load_blocks, persist_request_kv
 from sglang_prorsa.srt.disaggregation.kv_store import FileKVStore, layout_id
 

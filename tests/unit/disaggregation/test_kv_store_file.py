@@ -8,6 +8,8 @@ import threading
 import numpy as np
 import pytest
 
+from sglang_prorsa.policy.clock import ManualClock
+from sglang_prorsa.srt.disaggregation.kv_persist import open_store
 from sglang_prorsa.srt.disaggregation.kv_store import (
     HEADER_SIZE,
     FileKVStore,
@@ -18,8 +20,6 @@ from sglang_prorsa.srt.disaggregation.kv_store import (
     layout_id,
     verify,
 )
-from sglang_prorsa.srt.disaggregation.kv_persist import open_store
-from sglang_prorsa.policy.clock import ManualClock
 
 LAYOUT = layout_id("tiny-llama", "torch.bfloat16", layers=2, kv_heads=4, head_dim=64)
 MB = 1 << 20

@@ -7,17 +7,16 @@ import asyncio
 import collections
 from types import SimpleNamespace
 
+from sglang_prorsa.srt.common.messages import MigratedRequest, Stage
 from sglang_prorsa.srt.engine import continuation as cont
 from sglang_prorsa.srt.engine.peers import Peer
-from sglang_prorsa.srt.common.messages import MigratedRequest, Stage
 
 
-class Side:
-    """The instance side a continuation talks to: pairs p0+d0, p1+d0, ... in turn; prefix loads answer
-    ``load_statuses`` in turn; a decode stream finishes the request at once."""
+class Client:
+    """The peer client a continuation talks to, with its peer view and counters: pairs p0+d0, p1+d0, ... in turn;
+    prefix loads answer ``load_statuses`` in turn; a decode stream finishes the request at once."""
 
     def __init__(self, load_statuses: list[int]) -> None:
-        self.instance_id = "holder"
         self.load_statuses = list(load_statuses)
         self.counters: collections.Counter[str] = collections.Counter()
         self.loads: list[str] = []
@@ -46,7 +45,7 @@ class Side:
         pass
 
 
-def run(side: Side) -> tuple[cont.Continuation, list[dict]]:
+def run(side: Client) -> tuple[cont.Continuation, list[dict]]:
     stitcher = SimpleNamespace(ids=[1], finished=False, rid="r0", migrations=[], straddle_stop=False,
                                rebase=lambda: None)
 
@@ -57,7 +56,10 @@ def run(side: Side) -> tuple[cont.Continuation, list[dict]]:
     stitcher.update = update
     record = MigratedRequest(rid="r0", role="decode", stage=Stage.RUNNING, input_ids=[5, 6, 7], output_ids=[1],
                              sampling_params={"max_new_tokens": 3}, kv_tokens=4)
-    c = cont.Continuation(side, SimpleNamespace(sampling_params={"max_new_tokens": 4}), record, stitcher, headers={})
+    from sglang.srt.managers.io_struct import GenerateReqInput  # SGLang's request, as the continuation gets it
+
+    c = cont.Continuation(GenerateReqInput(sampling_params={"max_new_tokens": 4}), record, stitcher, {},
+                          peers=side.peers, client=side, counters=side.counters, holder="holder")
 
     async def collect():
         return [out async for out in c.run()]
@@ -70,7 +72,7 @@ def test_a_failed_load_moves_to_another_pair_instead_of_recomputing(monkeypatch)
         pass
 
     monkeypatch.setattr(cont.asyncio, "sleep", no_sleep)
-    side = Side([503, 200])
+    side = Client([503, 200])
     c, outs = run(side)
     assert len(outs) == 1 and side.loads == ["p0", "p1"]
     assert side.streams == ["http://d0/generate"]  # nothing was sent with the failed load
@@ -85,7 +87,7 @@ def test_after_the_retries_the_prefix_is_recomputed_rather_than_the_request_fail
         pass
 
     monkeypatch.setattr(cont.asyncio, "sleep", no_sleep)
-    side = Side([503] * (cont.LOAD_RETRIES + 1))
+    side = Client([503] * (cont.LOAD_RETRIES + 1))
     c, outs = run(side)
     assert len(outs) == 1 and len(side.loads) == cont.LOAD_RETRIES + 1
     assert len(side.streams) == 1  # the last attempt went ahead and recomputed

@@ -7,13 +7,14 @@ by time (NO_PAIR_WAIT_S) and only past that is the caller told, explicitly."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
 
+from sglang_prorsa.srt.common.messages import MigratedRequest, Stage
 from sglang_prorsa.srt.engine import continuation as cont
 from sglang_prorsa.srt.engine.peers import NoPair, Peer
-from sglang_prorsa.srt.common.messages import MigratedRequest, Stage
 
 
 class Peers:
@@ -44,9 +45,11 @@ def continuation(monkeypatch, peers: Peers) -> tuple[cont.Continuation, list[flo
     monkeypatch.setattr(cont.Continuation, "_attempt", attempt)
     record = MigratedRequest(rid="r0", role="decode", stage=Stage.RUNNING, input_ids=[5, 6, 7], output_ids=[1, 2],
                              sampling_params={"max_new_tokens": 8})
-    side = SimpleNamespace(peers=peers)
-    obj = SimpleNamespace(sampling_params={"max_new_tokens": 10})
-    return cont.Continuation(side, obj, record, stitcher, headers={}), pauses
+    from sglang.srt.managers.io_struct import GenerateReqInput  # SGLang's request, as the continuation gets it
+
+    obj = GenerateReqInput(sampling_params={"max_new_tokens": 10})
+    c = cont.Continuation(obj, record, stitcher, {}, peers=peers, client=None, counters=Counter(), holder="holder")
+    return c, pauses
 
 
 async def collect(c: cont.Continuation) -> list[dict]:

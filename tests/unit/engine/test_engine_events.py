@@ -3,15 +3,14 @@ at a non-streamed request's only output; once per request; the rid map stays bou
 
 import time
 
-
 from sglang_prorsa.srt.common.channel import ChannelAddresses, EngineChannel, SchedulerChannel
+from sglang_prorsa.srt.common.messages import Decoding, MigratedRequest, Stage
 from sglang_prorsa.srt.engine import events as events_module
 from sglang_prorsa.srt.engine.events import EngineEvents
-from sglang_prorsa.srt.common.messages import Decoding, MigratedRequest, Stage
 
 
 def local_events() -> EngineEvents:
-    ev = EngineEvents("", side=None)
+    ev = EngineEvents("", client=None)
     ev.local = lambda batch: None  # a single server's own control plane: enabled, nothing sent here
     return ev
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from sglang_prorsa.srt.common.messages import MigratedRequest, Stage
 from sglang_prorsa.srt.engine.book import RecordBook
 from sglang_prorsa.srt.engine.peers import NoPair, Peer, PeerView
-from sglang_prorsa.srt.common.messages import MigratedRequest, Stage
 
 
 def peer(iid, role, status="active", epoch=0, port=None):

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_prorsa.srt.engine import hooks
-from sglang_prorsa.srt.engine.side import EngineSide, kept_prompt_ids
+from sglang_prorsa.srt.engine.local import TokenizerManagerView, kept_prompt_ids
 
 
 class _Tokenizer:
@@ -19,7 +19,7 @@ class _Tokenizer:
 
 
 def _prompt_ids(tm, obj):
-    return asyncio.run(EngineSide.prompt_ids(SimpleNamespace(tm=tm), obj))
+    return asyncio.run(TokenizerManagerView(tm).prompt_ids(obj))
 
 
 def test_ids_sglang_made_are_kept_and_reused(monkeypatch):

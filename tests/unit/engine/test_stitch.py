@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sglang_prorsa.srt.engine.stitch import Kept, Shape, Stitcher, merge_spans
 
+
 # A toy tokenizer: token t decodes to the character chr(ord('a') + t).
 def decode(ids):
     return "".join(chr(ord("a") + t) for t in ids)

@@ -5,77 +5,100 @@ import time
 from collections import Counter
 from types import SimpleNamespace
 
+from sglang_prorsa.srt.common.messages import (
+    Inventory,
+    InventoryResult,
+    MigrateOut,
+    MigrateOutResult,
+    QueuedItem,
+    ReleaseRooms,
+    Status,
+)
 from sglang_prorsa.srt.engine import switch, watchdog
-from sglang_prorsa.srt.common.messages import Inventory, InventoryResult, MigrateOutResult, QueuedItem, Status
+from sglang_prorsa.srt.engine.book import RecordBook
+from sglang_prorsa.srt.engine.local import Admission, LocalScheduler
+from sglang_prorsa.srt.engine.peer_client import PairHalves, PeerClient
+from sglang_prorsa.srt.engine.peers import Peer, PeerView
 
 
 class _Side:
-    """A decode instance with one half queued for ``waited_s``, whose prefill peer holds ``held`` rooms."""
+    """A decode instance with one half queued for ``waited_s``, whose prefill peer holds ``held`` rooms: the
+    collaborators an ``OrphanWatch`` and a ``SwitchJob`` get, over a fake scheduler channel and a fake HTTP client."""
 
     def __init__(self, waited_s: float, held: list[int], stuck: list[int] = (), stage: str = "transfer",
                  prefill_takes: bool = False):
-        self.role = "decode"
-        self.admitting = True
-        self.entering = 0
-        self.orphan_suspects: set[int] = set()
         self.counters: Counter = Counter()
         self.queued = [QueuedItem("r1", 77, "127.0.0.1", 9001, (1, 2, 3), waited_s, stage)]
         self.held, self.stuck, self.prefill_takes = held, list(stuck), prefill_takes
         self.released_here: list[list[int]] = []
         self.released_there: list[list[int]] = []
-        self.peer = SimpleNamespace(instance_id="p", url="http://p", bootstrap_host="127.0.0.1", bootstrap_port=9001)
-        self.peers = SimpleNamespace(by_bootstrap=lambda h, p: self.peer if (h, p) == ("127.0.0.1", 9001) else None)
-        self.channel = SimpleNamespace(call=self._call)
-        self.book: list = []
+        self.book = RecordBook()
+        peers = PeerView("d")
+        peers.update([Peer("p", "http://p", "prefill", "active", "127.0.0.1", 9001)])
+        self.pairs = PairHalves(peers, _Client(self))
+        self.scheduler = LocalScheduler(SimpleNamespace(call=self._call), self.book, self.counters, lambda: "decode")
+        self.admission = Admission()
+        self.orphans = watchdog.OrphanWatch(self.scheduler, self.pairs, self.counters)
+
+    def booked(self) -> list[str]:
+        return [r.rid for r in self.book.recent]
 
     async def _call(self, msg, timeout_s=None):
         if isinstance(msg, Inventory):
             return InventoryResult(role="decode", with_kv=[], queued=list(self.queued))
         if isinstance(msg, Status):
             return SimpleNamespace(idle=not self.queued)
+        if isinstance(msg, ReleaseRooms):
+            self.released_here.append(sorted(msg.rooms))
+            self.queued = [q for q in self.queued if q.bootstrap_room not in msg.rooms]
+            return SimpleNamespace(rids=["r1"], rooms=sorted(msg.rooms))
+        assert isinstance(msg, MigrateOut)
         return MigrateOutResult(role="decode", rids=[], rooms=[], persisted_bytes=0, persist_s=0.0)
 
-    async def post_json(self, url, body, timeout_s=None):
+    def job(self, timeout_s: float) -> switch.SwitchJob:
+        return switch.SwitchJob("prefill", timeout_s, True, old_role="decode", scheduler=self.scheduler,
+                                pairs=self.pairs, admission=self.admission, orphans=self.orphans)
+
+
+class _Client(PeerClient):
+    """The prefill peer ``p`` as our HTTP client sees it."""
+
+    def __init__(self, side: _Side) -> None:
+        super().__init__()
+        self.side = side
+
+    async def post_json(self, url, body, timeout_s=None, generation=False):
+        side = self.side
+        if url == "http://p/prorsa/release":
+            assert body["only_not_started"]  # a prefill that began is never thrown away
+            side.released_there.append(body["rooms"])
+            return 200, {"rooms": body["rooms"] if side.prefill_takes else []}  # else: begun meanwhile, not taken
         assert url == "http://p/prorsa/held_rooms"
-        return 200, {"held": [r for r in body["rooms"] if r in self.held],
-                     "stuck": [r for r in body["rooms"] if r in self.stuck]}
-
-    def expect_queued(self, items, role):
-        self.book += [i.rid for i in items]
-
-    async def release_here(self, rooms, only_not_started=False):
-        self.released_here.append(list(rooms))
-        self.queued = [q for q in self.queued if q.bootstrap_room not in rooms]
-        return ["r1"], list(rooms)
-
-    async def release_prefill_halves(self, items, only_not_started=True):
-        assert only_not_started  # a prefill that began is never thrown away
-        rooms = [i.bootstrap_room for i in items]
-        self.released_there.append(rooms)
-        return {"p": rooms} if self.prefill_takes else {}  # else: begun meanwhile, not taken there
+        return 200, {"held": [r for r in body["rooms"] if r in side.held],
+                     "stuck": [r for r in body["rooms"] if r in side.stuck]}
 
 
 def test_an_unheld_half_is_taken_on_the_second_check_in_a_row():
     side = _Side(waited_s=5.0, held=[])
-    assert asyncio.run(watchdog.check_once(side, stale_s=3.0)) == []  # a suspect: may be a transfer just done
-    assert asyncio.run(watchdog.check_once(side, stale_s=3.0)) == [77]
-    assert side.book == ["r1"] and side.released_here == [[77]] and side.counters["orphans_continued"] == 1
+    assert asyncio.run(side.orphans.check_once(stale_s=3.0)) == []  # a suspect: may be a transfer just done
+    assert asyncio.run(side.orphans.check_once(stale_s=3.0)) == [77]
+    assert side.booked() == ["r1"] and side.released_here == [[77]] and side.counters["orphans_continued"] == 1
 
 
 def test_held_or_recent_halves_are_left_alone():
     held = _Side(waited_s=5.0, held=[77])
     for _ in range(3):
-        assert asyncio.run(watchdog.check_once(held, stale_s=3.0)) == []
+        assert asyncio.run(held.orphans.check_once(stale_s=3.0)) == []
     recent = _Side(waited_s=5.0, held=[])
     for _ in range(3):  # the serving watchdog's own bound (20 s) is not reached
-        assert asyncio.run(watchdog.check_once(recent)) == []
+        assert asyncio.run(recent.orphans.check_once()) == []
     assert held.released_here == recent.released_here == []
 
 
 def test_a_switch_takes_an_orphan_off_and_quiesces(monkeypatch):
     monkeypatch.setattr(switch, "ORPHAN_CHECK_EVERY_S", 0.05)
     side = _Side(waited_s=5.0, held=[])
-    job = switch.SwitchJob(side, new_role="prefill", timeout_s=20.0, cpu=True)
+    job = side.job(timeout_s=20.0)
     asyncio.run(asyncio.wait_for(job._sweep_until_quiet(time.perf_counter()), timeout=10))
     assert job.orphans == [77] and side.queued == []
     assert job.report()["orphans_taken"] == 1
@@ -84,7 +107,7 @@ def test_a_switch_takes_an_orphan_off_and_quiesces(monkeypatch):
 def test_a_switch_waits_for_a_half_its_prefill_still_holds(monkeypatch):
     monkeypatch.setattr(switch, "ORPHAN_CHECK_EVERY_S", 0.05)
     side = _Side(waited_s=5.0, held=[77])
-    job = switch.SwitchJob(side, new_role="prefill", timeout_s=1.0, cpu=True)
+    job = side.job(timeout_s=1.0)
     try:
         asyncio.run(job._sweep_until_quiet(time.perf_counter()))
         raise AssertionError("quiesced with a held half still queued")
@@ -96,10 +119,10 @@ def test_a_switch_waits_for_a_half_its_prefill_still_holds(monkeypatch):
 def test_a_pair_waiting_on_itself_is_released_on_both_sides_on_the_second_check():
     # The prefill instance holds the room but reports its half stuck in the bootstrap queue; ours sent its indices.
     side = _Side(waited_s=25.0, held=[77], stuck=[77], prefill_takes=True)
-    assert asyncio.run(watchdog.check_once(side)) == []  # first sight: a suspect only
+    assert asyncio.run(side.orphans.check_once()) == []  # first sight: a suspect only
     assert side.released_there == [] and side.released_here == []
-    assert asyncio.run(watchdog.check_once(side)) == [77]
-    assert side.book == ["r1"]  # booked before either half moves: its abort is continued, not answered
+    assert asyncio.run(side.orphans.check_once()) == [77]
+    assert side.booked() == ["r1"]  # booked before either half moves: its abort is continued, not answered
     assert side.released_there == [[77]] and side.released_here == [[77]]
     assert side.counters["stuck_pairs_continued"] == 1 and side.counters["orphans_continued"] == 0
 
@@ -108,12 +131,12 @@ def test_a_stuck_report_is_not_acted_on_when_ours_has_not_sent_its_indices_or_th
     # Still in our prealloc queue (handshake or KV allocation not done here): the wait may be ours.
     prealloc = _Side(waited_s=25.0, held=[77], stuck=[77], stage="prealloc", prefill_takes=True)
     for _ in range(3):
-        assert asyncio.run(watchdog.check_once(prealloc)) == []
+        assert asyncio.run(prealloc.orphans.check_once()) == []
     assert prealloc.released_there == prealloc.released_here == []
     # The prefill half began between the checks: it is not taken there, so ours stays and receives its KV.
     began = _Side(waited_s=25.0, held=[77], stuck=[77])
     for _ in range(3):
-        assert asyncio.run(watchdog.check_once(began)) == []
+        assert asyncio.run(began.orphans.check_once()) == []
     assert began.released_there and began.released_here == []
 
 

@@ -14,21 +14,21 @@ from types import SimpleNamespace
 
 import pytest
 
+from sglang_prorsa.srt.common.messages import Code, MigratedRequest, Stage
 from sglang_prorsa.srt.engine import aborts, hooks
 from sglang_prorsa.srt.engine import continuation as cont
 from sglang_prorsa.srt.engine.book import RecordBook
 from sglang_prorsa.srt.engine.peers import Peer
 from sglang_prorsa.srt.engine.stitch import Kept, Shape, Stitcher
-from sglang_prorsa.srt.common.messages import Code, MigratedRequest, Stage
 
 OURS = {"type": "abort", "message": "prorsa: migrated", "err_type": Code.MIGRATED.value}
 
 
-class Side:
-    """Pairs p0+d0, p1+d1, ...; decode stream k answers ``streams[k]`` (cumulative chunks of the continuation)."""
+class Client:
+    """The peer client (with its peer view and counters): pairs p0+d0, p1+d1, ...; decode stream k answers
+    ``streams[k]`` (cumulative chunks of the continuation)."""
 
     def __init__(self, streams: list[list[dict]]) -> None:
-        self.instance_id = "holder"
         self.streams = list(streams)
         self.sent: list[dict] = []
         self.aborted: list[str] = []
@@ -55,12 +55,15 @@ class Side:
         self.aborted.append(rid)
 
 
-def run(side: Side, max_new: int = 5) -> tuple[cont.Continuation, list[dict]]:
+def run(side: Client, max_new: int = 5) -> tuple[cont.Continuation, list[dict]]:
     record = MigratedRequest(rid="r0", role="decode", stage=Stage.RUNNING, input_ids=[5, 6, 7], output_ids=[1],
                              sampling_params={"max_new_tokens": max_new - 1})
     stitcher = Stitcher("r0", Kept(prompt_tokens=3, ids=[1]), Shape(stream=False, incremental=False),
                         decode=lambda ids: " ".join(map(str, ids)))
-    c = cont.Continuation(side, SimpleNamespace(sampling_params={"max_new_tokens": max_new}), record, stitcher, {})
+    from sglang.srt.managers.io_struct import GenerateReqInput  # SGLang's request, as the continuation gets it
+
+    c = cont.Continuation(GenerateReqInput(sampling_params={"max_new_tokens": max_new}), record, stitcher, {},
+                          peers=side.peers, client=side, counters=side.counters, holder="holder")
 
     async def collect():
         return [out async for out in c.run()]
@@ -77,7 +80,7 @@ def no_sleep(monkeypatch):
 
 
 def test_a_continuation_ending_in_our_abort_is_retried_from_its_tokens(no_sleep):
-    side = Side([
+    side = Client([
         [{"output_ids": [2, 3], "meta_info": {"finish_reason": OURS}}],  # taken off there, record lost
         [{"output_ids": [2, 3, 4, 5], "meta_info": {"finish_reason": {"type": "length", "length": 4}}}],
     ])
@@ -92,7 +95,7 @@ def test_a_continuation_ending_in_our_abort_is_retried_from_its_tokens(no_sleep)
 
 
 def test_a_trainers_abort_still_ends_the_request(no_sleep):
-    side = Side([[{"output_ids": [2], "meta_info": {"finish_reason": {"type": "abort", "message": "Aborted"}}}]])
+    side = Client([[{"output_ids": [2], "meta_info": {"finish_reason": {"type": "abort", "message": "Aborted"}}}]])
     c, outs = run(side)
     assert len(outs) == 1 and outs[0]["output_ids"] == [1, 2]
     assert outs[0]["meta_info"]["finish_reason"]["type"] == "abort" and side.picks == 1
@@ -100,17 +103,26 @@ def test_a_trainers_abort_still_ends_the_request(no_sleep):
 
 # -- the holder's side: a record that comes late, or never -------------------------------------------------------
 class HolderSide:
+    """The engine side holding the caller, as far as the abort path reaches: its ``AbortRecords`` over a book,
+    counters and a tokenizer-manager view that knows the role and the prompt."""
+
     def __init__(self, role: str) -> None:
         self.role = role
+        self.user_aborts = 0
         self.book = RecordBook()
         self.counters: collections.Counter[str] = collections.Counter()
+        self.tm_view = SimpleNamespace(role=lambda: role, prompt_ids=self.prompt_ids)
+        self.aborts = aborts.AbortRecords(self.book, self.counters, self.tm_view, pairs=None,
+                                          user_aborts=lambda: self.user_aborts)
 
     async def prompt_ids(self, obj):
         return [5, 6, 7]
 
 
 def request():
-    obj = SimpleNamespace(rid="r1", bootstrap_room=11, bootstrap_host="127.0.0.1", bootstrap_port=8998)
+    from sglang.srt.managers.io_struct import GenerateReqInput  # the wrapper resumes generation requests only
+
+    obj = GenerateReqInput(rid="r1", bootstrap_room=11, bootstrap_host="127.0.0.1", bootstrap_port=8998)
     state = SimpleNamespace(output_ids=[1, 2, 3])
     out = {"output_ids": [1, 2, 3], "meta_info": {"finish_reason": OURS, "weight_versions": [
         {"version": "v1", "start": 0, "end": 3}]}}
@@ -124,7 +136,7 @@ def test_a_late_record_is_waited_for():
 
     async def go():
         asyncio.get_running_loop().call_later(0.1, side.book.put, late)
-        return await aborts.late_record(side, "r1")
+        return await side.aborts.late_record("r1")
 
     assert asyncio.run(go()) is late
     assert side.counters["records_late"] == 1 and len(side.book) == 0
@@ -133,19 +145,19 @@ def test_a_late_record_is_waited_for():
 def test_a_record_that_never_comes_is_given_up_after_the_wait(monkeypatch):
     monkeypatch.setattr(aborts, "RECORD_WAIT_S", 0.03)
     side = HolderSide("prefill")
-    assert asyncio.run(aborts.late_record(side, "r1")) is None and side.counters["records_late"] == 0
+    assert asyncio.run(side.aborts.late_record("r1")) is None and side.counters["records_late"] == 0
 
 
 def test_a_missing_record_continues_from_the_tokens_held():
     side = HolderSide("decode")
     obj, state, out = request()
-    record = asyncio.run(aborts.record_from_state(side, obj, state, out))
+    record = asyncio.run(side.aborts.record_from_state(obj, state, out))
     assert record.stage is Stage.RUNNING and record.kv_tokens == 0  # recomputed, not loaded
     assert record.input_ids == [5, 6, 7] and record.output_ids == [1, 2, 3]
     assert record.weight_versions == [("v1", 0, 3)] and record.bootstrap_room == 11
     assert side.counters["records_missing_continued"] == 1
-    nothing_yet = asyncio.run(aborts.record_from_state(side, obj, SimpleNamespace(output_ids=[]),
-                                                       {"output_ids": [], "meta_info": {}}))
+    nothing_yet = asyncio.run(side.aborts.record_from_state(obj, SimpleNamespace(output_ids=[]),
+                                                            {"output_ids": [], "meta_info": {}}))
     assert nothing_yet.stage is Stage.QUEUED and nothing_yet.output_ids == []  # a continuation: handed back
 
 
@@ -160,11 +172,13 @@ class Lock:
 
 
 class WrappedSide(HolderSide):
+    """The engine side SGLang's wrapped response generator reaches: its resumer continues a record at once."""
+
     def __init__(self, role: str) -> None:
         super().__init__(role)
         self.events = SimpleNamespace(enabled=False)
-        self.user_aborts = 0
         self.resumed: list[MigratedRequest] = []
+        self.resumer = SimpleNamespace(resume=self.resume)
 
     async def resume(self, obj, state, record, last_out, delivered, headers):
         self.resumed.append(record)

@@ -3,8 +3,8 @@
 
 import orjson
 
-from sglang_prorsa.srt.engine.middleware import typed_error
 from sglang_prorsa.srt.common.messages import Code
+from sglang_prorsa.srt.engine.middleware import typed_error
 
 
 def test_sglang_generate_400_gets_the_field():

@@ -9,13 +9,13 @@ import json
 
 import orjson
 from aiohttp import web
+from unit_support import loopback_upstream
 
-from sglang_prorsa.srt.controller.app import GENERATION_PATHS
+from sglang_prorsa.srt.common.messages import ROUTE_HEADER
 from sglang_prorsa.srt.common.registry import Instance, Registry, State
+from sglang_prorsa.srt.controller.app import GENERATION_PATHS
 from sglang_prorsa.srt.front.asgi import GenerationFastPath
 from sglang_prorsa.srt.front.relay import Relay
-from sglang_prorsa.srt.common.messages import ROUTE_HEADER
-from unit_support import loopback_upstream
 
 
 async def call(app, method: str, path: str, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:

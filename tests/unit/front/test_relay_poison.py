@@ -10,14 +10,14 @@ import json
 
 import orjson
 from aiohttp import web
-
-from sglang_prorsa.srt.controller.app import GENERATION_PATHS
-from sglang_prorsa.srt.common.registry import Instance, Registry, State
-from sglang_prorsa.srt.front.asgi import GenerationFastPath
-from sglang_prorsa.srt.common.messages import LOST_HEADER
-from sglang_prorsa.srt.front.relay import Relay
 from test_asgi_fast_path import App, call
 from unit_support import loopback_upstream
+
+from sglang_prorsa.srt.common.messages import LOST_HEADER
+from sglang_prorsa.srt.common.registry import Instance, Registry, State
+from sglang_prorsa.srt.controller.app import GENERATION_PATHS
+from sglang_prorsa.srt.front.asgi import GenerationFastPath
+from sglang_prorsa.srt.front.relay import Relay
 
 
 def run(behaviour: list[str]) -> tuple[int, dict, list[tuple[str, str | None]], dict]:

@@ -12,7 +12,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from kv_kernels_path import REPO, ensure_kernels_importable
 
 ensure_kernels_importable()

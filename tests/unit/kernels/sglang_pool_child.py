@@ -19,7 +19,6 @@ ensure_kernels_importable()
 
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
-
 from sglang_prorsa.kernels import KVPageCodec  # noqa: E402
 
 LAYERS = 3

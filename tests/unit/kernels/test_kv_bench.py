@@ -11,7 +11,6 @@ from types import ModuleType
 
 import pytest
 import torch
-
 from unit_support import load_benchmark
 
 

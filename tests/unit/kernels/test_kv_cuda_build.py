@@ -12,7 +12,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from sglang_prorsa.kernels.ext_build import CSRC, cache_dir
 
 SOURCE = CSRC / "kv_pages_cuda.cu"

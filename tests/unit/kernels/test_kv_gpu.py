@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from sglang_prorsa.kernels import KVChecksumError, KVPageCodec
 from sglang_prorsa.kernels.dispatch import select_backend
 from sglang_prorsa.kernels.reference import reference_export

@@ -6,7 +6,6 @@ import random
 
 import pytest
 import torch
-
 from sglang_prorsa.kernels import KVChecksumError, KVPageCodec, KVPoolLayout
 from sglang_prorsa.kernels.checksum import record_checksums
 from sglang_prorsa.kernels.dispatch import BACKEND_ENV, select_backend
@@ -84,7 +83,7 @@ def test_export_import_match_reference(backend: str, dtype: str, page_size: int,
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_record_layout_is_page_first(backend: str) -> None:
     """Record j = K_0, V_0, K_1, V_1, ... of page pages[j], each chunk the page's rows in pool order."""
-    page_size, heads, head_dim, layers = 16, 2, 64, 2
+    page_size, head_dim, layers = 16, 64, 2  # make_codec builds 2 heads
     codec = make_codec("mha", layers, page_size, head_dim, torch.bfloat16, backend)
     k, v = codec.layout.buffers[0::2], codec.layout.buffers[1::2]
     records = codec.export_pages([4, 2]).data.view(2, -1)

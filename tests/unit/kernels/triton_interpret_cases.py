@@ -9,7 +9,6 @@ import os
 
 import pytest
 import torch
-
 from sglang_prorsa.kernels import KVChecksumError, KVPageCodec
 from sglang_prorsa.kernels.reference import reference_export
 

@@ -43,27 +43,31 @@ def test_per_request_maps_stay_bounded(monkeypatch):
 
 def test_the_test_crash_marker_is_found_in_tokenized_requests():
     """--prorsa-test-crash-on-tokens: SGLang hands the scheduler token ids as an array('l'), single or in a batch
-    (``BatchTokenizedGenerateReqInput.batch``); stand-ins with those attributes."""
+    (``BatchTokenizedGenerateReqInput.batch``); SGLang's own message classes, other messages (an abort) ignored."""
     from array import array
     from types import SimpleNamespace
 
     import pytest
+    from sglang.srt.managers.io_struct import AbortReq, BatchTokenizedGenerateReqInput, TokenizedGenerateReqInput
 
     from sglang_prorsa.srt.scheduler import extension
 
     def req(ids):
-        return SimpleNamespace(input_ids=array("l", ids), rid="r")
+        return TokenizedGenerateReqInput(
+            rid="r", input_text="", input_ids=array("l", ids), input_embeds=None, mm_inputs=None, token_type_ids=None,
+            sampling_params=None, return_logprob=False, logprob_start_len=-1, top_logprobs_num=0,
+            token_ids_logprob=None, stream=False)
 
     sched = SimpleNamespace(disaggregation_mode=SimpleNamespace(value="prefill"))
     old = extension.RUNTIME
     try:
         extension.RUNTIME = SimpleNamespace(crash_on_tokens=(7, 8, 9))
-        extension.ProrsaSchedulerMixin.prorsa_test_crash(sched, [req([1, 7, 8, 2, 9]), SimpleNamespace()])
+        extension.ProrsaSchedulerMixin.prorsa_test_crash(sched, [req([1, 7, 8, 2, 9]), AbortReq(rid="r")])
         with pytest.raises(RuntimeError, match="prorsa test crash"):
             extension.ProrsaSchedulerMixin.prorsa_test_crash(sched, [req([1, 7, 8, 9])])
         with pytest.raises(RuntimeError, match="prorsa test crash"):
-            extension.ProrsaSchedulerMixin.prorsa_test_crash(sched, [SimpleNamespace(batch=[req([2]),
-                                                                                            req([7, 8, 9, 3])])])
+            extension.ProrsaSchedulerMixin.prorsa_test_crash(sched, [BatchTokenizedGenerateReqInput(
+                batch=[req([2]), req([7, 8, 9, 3])])])
         sched.disaggregation_mode.value = "decode"  # decode schedulers never raise: the prefill side dies
         extension.ProrsaSchedulerMixin.prorsa_test_crash(sched, [req([7, 8, 9])])
         extension.RUNTIME = SimpleNamespace(crash_on_tokens=())

@@ -4,10 +4,10 @@ import json
 import math
 
 import pytest
+from unit_support import load_benchmark
 
 from sglang_prorsa.sim.metrics import interval95
 from sglang_prorsa.sim.report import markdown
-from unit_support import load_benchmark
 
 
 def test_interval95_is_the_student_t_interval_of_the_mean():

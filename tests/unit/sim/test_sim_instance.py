@@ -3,10 +3,10 @@ prefix cache, admission by slots and KV, retraction, busy intervals."""
 
 import pytest
 
+from sglang_prorsa.policy.role_switch.capacity import Role
 from sglang_prorsa.sim.config import DecodeParams, ModelConfig, PrefillParams
 from sglang_prorsa.sim.instance import INF, Instance, Request
 from sglang_prorsa.sim.perf_model import PerfModel
-from sglang_prorsa.policy.role_switch.capacity import Role
 
 
 def perf(ranks=1, kv=100_000, slots=64, reserve=0) -> PerfModel:

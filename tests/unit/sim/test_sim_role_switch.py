@@ -2,6 +2,7 @@
 
 import pytest
 
+from sglang_prorsa.policy.role_switch.capacity import InstanceStatus, Role
 from sglang_prorsa.sim.cluster import Cluster
 from sglang_prorsa.sim.config import ClusterConfig, RolloutConfig, load_model
 from sglang_prorsa.sim.events import EventQueue
@@ -9,7 +10,6 @@ from sglang_prorsa.sim.instance import Request
 from sglang_prorsa.sim.lifecycle_sink import NullLifecycle
 from sglang_prorsa.sim.trainer import Trainer
 from sglang_prorsa.sim.workloads import workload_tasks
-from sglang_prorsa.policy.role_switch.capacity import InstanceStatus, Role
 
 
 def build(mode="static", staleness=0, gpus=64, prefill=2, decode_shape="same"):

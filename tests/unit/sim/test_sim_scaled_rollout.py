@@ -4,13 +4,13 @@ engine with (almost) free compute must give: the slowest trajectory's waits, exa
 import dataclasses
 
 import pytest
+from unit_support import load_benchmark
 
 from sglang_prorsa.sim.config import ClusterConfig, DecodeParams, PrefillParams, RolloutConfig, load_model
 from sglang_prorsa.sim.events import EventQueue
 from sglang_prorsa.sim.runner import simulate
 from sglang_prorsa.sim.trainer import HINT_DELAY_S, Trainer
 from sglang_prorsa.sim.workloads import workload_tasks
-from unit_support import load_benchmark
 
 
 @pytest.fixture(scope="module")

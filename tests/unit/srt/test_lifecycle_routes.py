@@ -10,9 +10,9 @@ import time
 import httpx
 from fastapi import FastAPI
 
+from sglang_prorsa.policy.clock import ManualClock
 from sglang_prorsa.policy.control_plane import LifecycleControlPlane
 from sglang_prorsa.srt.lifecycle_routes import make_router
-from sglang_prorsa.policy.clock import ManualClock
 
 HOLD_S = 1.5  # a refresh this slow happens on a loaded machine
 

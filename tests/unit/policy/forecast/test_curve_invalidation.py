@@ -23,10 +23,10 @@ import random
 
 import pytest
 
-from sglang_prorsa.policy.forecast.config import PredictorConfig
-from sglang_prorsa.policy.control_plane import LifecycleControlPlane
-from sglang_prorsa.policy.lifecycle.events import EventKind, LifecycleEvent
 from sglang_prorsa.policy.clock import ManualClock
+from sglang_prorsa.policy.control_plane import LifecycleControlPlane
+from sglang_prorsa.policy.forecast.config import PredictorConfig
+from sglang_prorsa.policy.lifecycle.events import EventKind, LifecycleEvent
 
 T1, T2 = 1000.0, 1030.0
 CONFIG = PredictorConfig(default_prompt_tokens=4000, prefill_instances=("0", "1"), bias_enabled=False)

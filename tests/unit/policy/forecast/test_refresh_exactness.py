@@ -19,11 +19,11 @@ import random
 
 import pytest
 
+from sglang_prorsa.policy.clock import ManualClock
+from sglang_prorsa.policy.control_plane import LifecycleControlPlane
 from sglang_prorsa.policy.forecast.config import PredictorConfig
 from sglang_prorsa.policy.forecast.sampler import InjectionConfig, InjectionPolicy
-from sglang_prorsa.policy.control_plane import LifecycleControlPlane
 from sglang_prorsa.policy.lifecycle.events import EventKind, LifecycleEvent, SandboxMode
-from sglang_prorsa.policy.clock import ManualClock
 from sglang_prorsa.workload import RolloutSimulator, config_for, preset
 from sglang_prorsa.workload.presets import scaled
 

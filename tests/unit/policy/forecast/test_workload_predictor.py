@@ -4,11 +4,11 @@ import math
 
 import pytest
 
+from sglang_prorsa.policy.clock import ManualClock
+from sglang_prorsa.policy.control_plane import LifecycleControlPlane
 from sglang_prorsa.policy.forecast.config import ConfigError, PredictorConfig, apply_config_update
 from sglang_prorsa.policy.forecast.profile import PrefillTimeProfile
 from sglang_prorsa.policy.forecast.sampler import InjectionConfig, InjectionPolicy
-from sglang_prorsa.policy.control_plane import LifecycleControlPlane
-from sglang_prorsa.policy.clock import ManualClock
 
 
 def plane(**cfg):

@@ -3,13 +3,13 @@
 import gc
 import os
 
-from sglang_prorsa.policy.forecast.config import PredictorConfig
+from sglang_prorsa.policy.clock import ManualClock
 from sglang_prorsa.policy.control_plane import LifecycleControlPlane
+from sglang_prorsa.policy.forecast.config import PredictorConfig
+from sglang_prorsa.policy.lifecycle import tracker as tracker_module
 from sglang_prorsa.policy.lifecycle.events import EventKind as K
 from sglang_prorsa.policy.lifecycle.events import LifecycleEvent
-from sglang_prorsa.policy.lifecycle import tracker as tracker_module
 from sglang_prorsa.policy.lifecycle.tracker import MAX_TOOLS
-from sglang_prorsa.policy.clock import ManualClock
 
 BATCH = 1_000
 

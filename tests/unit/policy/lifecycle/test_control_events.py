@@ -2,13 +2,13 @@
 
 import pytest
 
-from sglang_prorsa.policy.forecast.config import PredictorConfig
+from sglang_prorsa.policy.clock import ManualClock
 from sglang_prorsa.policy.control_plane import LifecycleControlPlane
+from sglang_prorsa.policy.forecast.config import PredictorConfig
 from sglang_prorsa.policy.lifecycle.events import EventKind as K
 from sglang_prorsa.policy.lifecycle.events import EventValidationError, LifecycleEvent, PauseMode, parse_payload
 from sglang_prorsa.policy.lifecycle.states import TrajState
 from sglang_prorsa.policy.lifecycle.tracker import Outcome, Phase, TrackerObserver, TrajectoryTracker
-from sglang_prorsa.policy.clock import ManualClock
 
 
 def ev(tid, kind, ts, **kw):

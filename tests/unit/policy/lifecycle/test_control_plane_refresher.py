@@ -2,9 +2,9 @@
 
 import threading
 
-from sglang_prorsa.policy.forecast.config import PredictorConfig
-from sglang_prorsa.policy.control_plane import LifecycleControlPlane
 from sglang_prorsa.policy.clock import ManualClock
+from sglang_prorsa.policy.control_plane import LifecycleControlPlane
+from sglang_prorsa.policy.forecast.config import PredictorConfig
 
 
 def _wait(predicate, limit=20.0):

@@ -2,10 +2,10 @@
 
 import pytest
 
+from sglang_prorsa.policy.clock import ManualClock
 from sglang_prorsa.policy.control_plane import LifecycleControlPlane
 from sglang_prorsa.policy.lifecycle.engine_api import trajectory_id_of
 from sglang_prorsa.policy.lifecycle.states import TrajState
-from sglang_prorsa.policy.clock import ManualClock
 
 
 def test_trajectory_id_from_body_or_header():

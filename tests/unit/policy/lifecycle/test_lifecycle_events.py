@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sglang_prorsa.policy.clock import ManualClock
 from sglang_prorsa.policy.control_plane import LifecycleControlPlane
 from sglang_prorsa.policy.lifecycle.events import (
     MAX_BATCH_EVENTS,
@@ -14,7 +15,6 @@ from sglang_prorsa.policy.lifecycle.events import (
     parse_event,
     parse_payload,
 )
-from sglang_prorsa.policy.clock import ManualClock
 
 
 def test_single_event_parses_all_fields():

@@ -2,11 +2,11 @@ import json
 
 import pytest
 
+from sglang_prorsa.policy.clock import ManualClock
 from sglang_prorsa.policy.role_switch.capacity import InstanceReport, Role
 from sglang_prorsa.policy.role_switch.controller import ControllerConfig, RoleSwitchController
 from sglang_prorsa.policy.role_switch.planner import PlannerConfig
 from sglang_prorsa.policy.role_switch.throughput import ThroughputConfig, ThroughputEstimator
-from sglang_prorsa.policy.clock import ManualClock
 
 
 def cluster():
@@ -216,13 +216,13 @@ def test_noisy_small_demand_used_to_flap_and_now_holds():
 
 
 # ----- ticks that cannot be decided, and an empty decode role -----
-from sglang_prorsa.srt.common.messages import Code  # noqa: E402
 from sglang_prorsa.policy.role_switch.capacity import (  # noqa: E402
     NO_DECODE_CAPACITY,
     TOO_FEW_INSTANCES,
     CannotDecide,
     InstanceStatus,
 )
+from sglang_prorsa.srt.common.messages import Code  # noqa: E402
 
 
 def test_too_few_instances_cannot_be_decided_and_says_so():

@@ -2,8 +2,8 @@
 
 import pytest
 
-from sglang_prorsa.policy.role_switch.throughput import ThroughputConfig, ThroughputEstimator, WorkloadProfile
 from sglang_prorsa.policy.clock import ManualClock
+from sglang_prorsa.policy.role_switch.throughput import ThroughputConfig, ThroughputEstimator, WorkloadProfile
 
 SHORT_NO_HITS = WorkloadProfile(prompt_bucket=0, cache_hit_bucket=0)
 

@@ -1,0 +1,186 @@
+"""This instance as the engine extension drives it: its scheduler over the private channel (``LocalScheduler``),
+SGLang's tokenizer manager (``TokenizerManagerView``), and whether it takes new requests (``Admission``).
+
+Every request the scheduler takes off gets a record in the book first (pushed by the scheduler, or booked here for a
+queued half whose other half is about to move), so the tokenizer manager continues it however it ends. The tokenizer
+manager exists only once SGLang made it (``srt/instance/server.py`` sets it after the engine side is built), so the
+view holds it and every collaborator asks the view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Any, Callable, Iterable
+
+from sglang_prorsa.srt.common.channel import EngineChannel
+from sglang_prorsa.srt.common.messages import (
+    ForgetPrefill,
+    Inventory,
+    InventoryResult,
+    LoadPrefix,
+    MigratedRequest,
+    MigrateOut,
+    MigrateOutResult,
+    PeerLost,
+    QueuedItem,
+    ReleaseRooms,
+    Stage,
+    Status,
+)
+from sglang_prorsa.srt.engine.book import RecordBook
+from sglang_prorsa.srt.engine.peers import Peer
+
+CONTROL_TIMEOUT_S = 60.0
+CHANNEL_TIMEOUT_S = 120.0  # the channel's own default (``EngineChannel.call``)
+
+
+class LocalScheduler:
+    """This instance's scheduler, over the channel; records for what it takes off go into ``book``."""
+
+    def __init__(self, channel: EngineChannel, book: RecordBook, counters: collections.Counter[str],
+                 role: Callable[[], str]) -> None:
+        self.channel = channel
+        self.book = book
+        self.counters = counters
+        self.role = role
+
+    async def inventory(self, timeout_s: float = CHANNEL_TIMEOUT_S) -> InventoryResult:
+        return await self.channel.call(Inventory(), timeout_s=timeout_s)
+
+    async def status(self, since: int = -1):
+        return await self.channel.call(Status(since=since), timeout_s=CHANNEL_TIMEOUT_S)
+
+    async def migrate_out(self, queued_rids: frozenset[str], reason: str) -> MigrateOutResult:
+        return await self.channel.call(MigrateOut(queued_rids=queued_rids, reason=reason),
+                                       timeout_s=CHANNEL_TIMEOUT_S)
+
+    async def release(self, rooms: list[int], only_not_started: bool = False) -> tuple[list[str], list[int]]:
+        """Our halves of these PD rooms taken off (their other half moved); returns (rids, rooms) taken."""
+        res = await self.channel.call(ReleaseRooms(rooms=frozenset(rooms), only_not_started=only_not_started),
+                                      timeout_s=CONTROL_TIMEOUT_S)
+        self.counters["rooms_released"] += len(res.rooms)
+        return res.rids, res.rooms
+
+    async def expect(self, rooms: list[int]) -> list[str]:
+        """Book records for our queued halves of these rooms (their other half is about to move)."""
+        inv = await self.channel.call(Inventory(), timeout_s=CONTROL_TIMEOUT_S)
+        wanted = set(rooms)
+        items = [q for q in inv.queued if q.bootstrap_room in wanted]
+        self.book_queued(items, inv.role)
+        return [q.rid for q in items]
+
+    def book_queued(self, items: Iterable[QueuedItem], role: str) -> None:
+        """Records for queued requests about to lose their other half (see ``SwitchJob.sweep``)."""
+        for item in items:
+            self.book.put(MigratedRequest(rid=item.rid, role=role, stage=Stage.QUEUED, input_ids=list(item.input_ids),
+                                          output_ids=[], sampling_params={}, bootstrap_room=item.bootstrap_room,
+                                          bootstrap_host=item.bootstrap_host, bootstrap_port=item.bootstrap_port))
+
+    async def forget_prefills(self, peers: list[Peer]) -> int:
+        """Peers whose role was rebuilt: as a decode instance, drop what SGLang cached about them as prefills."""
+        addresses = frozenset((p.bootstrap_host, p.bootstrap_port) for p in peers if p.bootstrap_port)
+        if not addresses or self.role() != "decode":
+            return 0
+        return await self.channel.call(ForgetPrefill(addresses=addresses), timeout_s=CONTROL_TIMEOUT_S)
+
+    async def load_prefix(self, token_ids: list[int], keys: list[str], block_tokens: int, hold_for_rid: str):
+        """A persisted prefix into this scheduler's prefix cache, held for ``hold_for_rid`` (``/prorsa/kv/load``)."""
+        return await self.channel.call(LoadPrefix(token_ids=token_ids, keys=keys, block_tokens=block_tokens,
+                                                  hold_for_rid=hold_for_rid), timeout_s=CHANNEL_TIMEOUT_S)
+
+    async def peer_lost(self, host: str | None, port: int | None):
+        """A prefill peer is gone: our halves waiting for its KV are taken off (continued elsewhere)."""
+        return await self.channel.call(PeerLost(host=host, port=port), timeout_s=CHANNEL_TIMEOUT_S)
+
+
+_PROMPT_IDS = "_prorsa_prompt_ids"  # on SGLang's request object: its text prompt as SGLang tokenized it
+
+
+def keep_prompt_ids(obj: Any, tokenized: Any) -> None:
+    """Keeps SGLang's own ids of a text prompt on the request object (a reference, not a copy)."""
+    if obj.input_ids is None and tokenized.input_ids is not None:  # (Tokenized)Generate/EmbeddingReqInput fields
+        setattr(obj, _PROMPT_IDS, tokenized.input_ids)
+
+
+def kept_prompt_ids(obj: Any) -> list[int] | None:
+    return getattr(obj, _PROMPT_IDS, None)  # ours, set only on a text prompt SGLang tokenized here
+
+
+class TokenizerManagerView:
+    """What the engine extension reads from (and asks of) SGLang's tokenizer manager: its role, a request's prompt
+    ids, output text as SGLang's detokenizer makes it, the weight version, and the role rebuild itself."""
+
+    def __init__(self, tm: Any = None) -> None:
+        self.tm = tm  # SGLang's TokenizerManager, once made
+
+    def role(self) -> str:
+        return str(self.tm.disaggregation_mode.value).lower()
+
+    @property
+    def incremental_streaming(self) -> bool:
+        return bool(self.tm.incremental_streaming_output)
+
+    def weight_version(self) -> str:
+        """The weight version this instance serves, as SGLang reports it in each answer's meta."""
+        return str(self.tm.config_value("weight_version")) if self.tm is not None else "default"
+
+    async def prompt_ids(self, obj: Any) -> list[int]:
+        """The request's prompt as token ids, as SGLang tokenizes it -- without SGLang's per-request state, which
+        does not exist yet at arrival and is already deleted after an abort that carries a status. A text prompt's
+        ids are those SGLang's tokenization kept on the request (hooks.wrap_tokenize_one_request); tokenized here
+        only for a request that never went through it."""
+        if obj.input_ids is not None:
+            return list(obj.input_ids)
+        kept = kept_prompt_ids(obj)
+        if kept is not None:
+            return list(kept)
+        ids, _ = await self.tm._tokenize_texts(obj.text)
+        return list(ids)
+
+    def decoder(self, obj: Any, prompt_ids: list[int]) -> Callable[[list[int]], str]:
+        """Output text as SGLang's detokenizer makes it: decoded after the prompt's last few tokens, so a character
+        whose bytes straddle the prompt and the output is not emitted as a replacement character."""
+        from sglang.srt.managers.schedule_batch import INIT_INCREMENTAL_DETOKENIZATION_OFFSET
+
+        sp = obj.sampling_params or {}
+        skip = sp.get("skip_special_tokens", True)
+        spaces = sp.get("spaces_between_special_tokens", True)
+        tok = self.tm.tokenizer
+        context = list(prompt_ids[-INIT_INCREMENTAL_DETOKENIZATION_OFFSET:])
+        before = tok.decode(context, skip_special_tokens=skip, spaces_between_special_tokens=spaces)
+
+        def decode(ids: list[int]) -> str:
+            text = tok.decode(context + list(ids), skip_special_tokens=skip, spaces_between_special_tokens=spaces)
+            return text[len(before):]
+
+        return decode
+
+    async def rebuild_role(self, new_role: str, cpu: bool) -> Any:
+        """SGLang's own teardown/init of the scheduler in ``new_role`` (weights stay resident); SGLang's answer."""
+        from sglang.srt.managers.io_struct import PdRoleSwitchReqInput
+
+        req = PdRoleSwitchReqInput(new_role=new_role)
+        if cpu and new_role == "decode":
+            req.decode_cuda_graph_memory_gb = 0  # SGLang refuses the CPU flip to decode without it
+        return await self.tm.pd_role_switch(req)
+
+
+class Admission:
+    """Whether this instance takes new generation requests, and what is on its way to the scheduler. A switch closes
+    it (requests arriving are handed on at arrival), waits until nothing is ``entering`` (arrived but not yet with the
+    scheduler), and marks the role ``rebuilding`` (arrivals wait for the rebuilt role)."""
+
+    def __init__(self) -> None:
+        self.admitting = True  # False: single requests are handed on at arrival (a switch, or POST /prorsa/admission)
+        self.entering = 0  # generation requests inside the tokenizer manager, not yet handed to the scheduler
+        self.rebuilding = False
+        self._rebuilt = asyncio.Event()
+        self._rebuilt.set()
+
+    async def rebuilt(self) -> None:
+        await self._rebuilt.wait()
+
+    def set_rebuilding(self, on: bool) -> None:
+        self.rebuilding = on
+        (self._rebuilt.clear if on else self._rebuilt.set)()
