@@ -1,24 +1,27 @@
-"""See it switch: a two-minute workload whose prefill:decode mix shifts, against `make serve`.
+"""See it switch: a two-minute agentic workload whose prefill:decode mix shifts, against `make serve`.
 
     make serve      # terminal 1: the adaptive front + 3 engine instances (1 prefill, 2 decode)
-    make demo       # terminal 2: this script (or: python examples/demo_switch.py --url http://127.0.0.1:30000)
+    make demo       # terminal 2: this script (python examples/demo_switch.py --url http://127.0.0.1:30000)
 
-Agentic episodes (lifecycle hints on POST /lifecycle, greedy POST /generate with the X-Trajectory-Id header) run in
-three phases:
+Agentic episodes (lifecycle hints on POST /lifecycle, greedy POST /generate carrying X-Trajectory-Id) in three phases:
 
-  1. decode-heavy:  "long-answer" agents: short prompts, long answers, small tool outputs;
-  2. prefill-heavy: many "long-context" agents join: each reads a long document (thousands of tokens) and a long
-     tool log, answering in a few tokens; the long-answer agents keep both decode instances busy;
-  3. decode-heavy:  the long-context agents stop; the episodes in flight finish.
+  1. decode-heavy:  12 "long-answer" agents (a short question, 600 tokens of reasoning, no tool) keep both decode
+     instances busy;
+  2. prefill-heavy: 180 "tool-loop" agents join, in GRPO groups of 15 sharing a prompt: each starts a sandbox, then
+     every turn sends its whole context (~800 tokens plus tool outputs) for a 4-token answer: nearly all prefill;
+  3. decode-heavy again: the tool-loop agents finish their episodes and stop.
 
-While it runs it prints the forecast (W^P: prefill tokens expected within the horizon, K^D: decode KV tokens), each
-control decision (prefill and decode demand in instances, Eq. 1's target, why it holds) and each switch: in phase 2
-the prefill instance falls behind, the forecast's prefill demand passes one instance, and the controller moves a
-*busy* decode instance to prefill; the requests running on it are taken off and continued elsewhere from their KV, so
-every caller still gets one complete answer. At the end it writes a role-timeline PNG and the raw timeline as JSON.
+It prints the forecast (W^P: prefill tokens expected within the horizon; K^D: decode KV tokens), every control decision
+(demand in instances, Eq. 1's target, why it holds) and every switch. When the tool-loop sandboxes start, the forecast
+counts their first prompts before any of them is sent; the controller's prefill demand passes one instance, Eq. 1 asks
+for 2 prefill : 1 decode, and it switches a *busy* decode instance to prefill: the requests decoding on it are taken
+off and resumed elsewhere from their KV, and every caller still gets one complete answer. At the end: a summary, a
+role-timeline PNG and the raw timeline as JSON.
 
-Exit status: 0 when at least one switch happened and every request was answered with all its tokens; 1 otherwise;
-2 when the server is not an adaptive front. Talks HTTP only (httpx); imports nothing of the server.
+Before it starts it puts the server back to 1 prefill : 2 decode (if an earlier run left 2 : 1) and empties the prefix
+caches (POST /flush_cache): the controller counts cached KV on decode instances as decode demand. Exit status 0 when a
+busy switch happened and every request was answered with all its tokens; 1 otherwise; 2 when no adaptive front
+answers at --url. HTTP only (httpx); nothing of the server is imported.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import re
 import sys
@@ -40,185 +44,230 @@ TOKEN_LO, TOKEN_HI = 10, 1000  # token ids clear of the embedded tiny model's sp
 
 @dataclass(frozen=True)
 class AgentKind:
-    """One kind of agent: every episode is a prompt, then `turns` x (answer, tool run, tool output appended)."""
+    """An episode: a sandbox start (`sandbox_s`, if any), a prompt shared by a GRPO group of `group` agents, then
+    `turns` x (a greedy answer, a tool that runs `tool_s` and appends its output to the context)."""
 
     name: str
-    first_prompt: tuple[int, int]  # token range of the first prompt
+    prompt_tokens: tuple[int, int]
     answer_tokens: int
-    tool_tokens: tuple[int, int]  # token range of each tool output
-    tool_s: tuple[float, float]  # tool duration range (seconds)
+    tool_tokens: tuple[int, int]
+    tool_s: tuple[float, float]
     turns: int
+    group: int = 1
+    sandbox_s: tuple[float, float] | None = None
 
 
-LONG_ANSWER = AgentKind("long-answer", (150, 300), 900, (20, 60), (0.5, 1.5), 3)  # decode-heavy
-LONG_CONTEXT = AgentKind("long-context", (2200, 3000), 8, (600, 900), (0.3, 1.0), 2)  # prefill-heavy
-# (phase name, share of --duration-s, agents of each kind running in it)
-PHASES = (("decode-heavy", 0.25, {LONG_ANSWER: 6}),
-          ("prefill-heavy", 0.45, {LONG_ANSWER: 6, LONG_CONTEXT: 36}),
-          ("decode-heavy again", 0.30, {LONG_ANSWER: 6}))
-HOLD_REASONS = {"no_role_short": "no role is short", "target_met": "Eq. 1's target is met",
-                "no_eligible_instance": "no instance may move yet (dwell time)",
-                "donor_at_minimum": "the other role is at its minimum",
-                "within_hysteresis_band": "within the hysteresis band", "cost_exceeds_gain": "a switch would not pay",
-                "paused": "generation is paused"}
+LONG_ANSWER = AgentKind("long-answer", (32, 64), 600, (0, 0), (0.0, 0.0), 1)  # decode-heavy: a question, reasoning
+TOOL_LOOP = AgentKind("tool-loop", (700, 900), 4, (20, 40), (6.0, 9.0), 3, group=15, sandbox_s=(4.0, 7.0))
+PHASES = (("decode-heavy", 0.2, {LONG_ANSWER: 12}),  # (name, share of --duration-s, agents running)
+          ("prefill-heavy", 0.4, {LONG_ANSWER: 12, TOOL_LOOP: 180}),
+          ("decode-heavy again", 0.4, {LONG_ANSWER: 12}))
+LEAD_S = 2.5  # the prefill-heavy phase starts this long before a control tick (Run.align)
+HOLDS = {"no_role_short": "no role is short", "target_met": "Eq. 1's target is met",
+         "no_eligible_instance": "no instance may move yet (dwell time)", "paused": "generation is paused",
+         "donor_at_minimum": "the donor role is at its minimum", "within_hysteresis_band": "within the hysteresis band",
+         "cost_exceeds_gain": "a switch would not pay for itself"}
 
 
 @dataclass
 class Run:
-    url: str
-    seed: int
     duration_s: float
+    seed: int
+    interval_s: float = 10.0  # between control decisions
+    delay_s: float | None = None  # phases 2 and 3 start this much later than their share says (see align)
     t0: float = field(default_factory=time.time)
     sent: int = 0
-    answered: int = 0
+    answered: int = 0  # HTTP 200 with exactly the tokens asked for
     lost: list[str] = field(default_factory=list)
     requests: list[dict] = field(default_factory=list)
     timeline: list[dict] = field(default_factory=list)
     decisions: list[dict] = field(default_factory=list)
     switches: list[dict] = field(default_factory=list)
-    in_flight: dict[str, int] = field(default_factory=lambda: {LONG_ANSWER.name: 0, LONG_CONTEXT.name: 0})
+    in_flight: dict[str, int] = field(default_factory=lambda: {LONG_ANSWER.name: 0, TOOL_LOOP.name: 0})
 
     def now(self) -> float:
         return time.time() - self.t0
 
+    def bounds(self) -> list[tuple[str, float, float, dict]]:
+        out, start = [], 0.0
+        for i, (name, share, agents) in enumerate(PHASES):
+            end = start + share * self.duration_s + ((self.delay_s or 0.0) if i == 0 else 0.0)
+            out.append((name, start, end, agents))
+            start = end
+        return out
+
+    def end(self) -> float:
+        return self.bounds()[-1][2]
+
     def phase(self) -> tuple[str, dict]:
-        end = 0.0
-        for name, share, agents in PHASES:
-            end += share * self.duration_s
-            if self.now() < end:
-                return name, agents
-        return "draining", {}
+        return next(((n, a) for n, _, end, a in self.bounds() if self.now() < end), ("finishing", {}))
+
+    def align(self, decision_time: float) -> None:
+        """Start the prefill-heavy phase LEAD_S before a control tick (they come every interval_s after the last):
+        the decision that answers it then sees the forecast at its peak, instead of up to 10 s later."""
+        if self.delay_s is None:
+            nominal, last = PHASES[0][1] * self.duration_s, decision_time - self.t0
+            tick = last + self.interval_s * math.ceil((nominal + LEAD_S - last) / self.interval_s)
+            self.delay_s = tick - LEAD_S - nominal
 
     def say(self, msg: str) -> None:
-        print(f"[{self.now():6.1f}s] {msg}", flush=True)
+        print(f"[{self.now():5.1f}s] {msg}", flush=True)
 
 
-async def hint(client: httpx.AsyncClient, tid: str, event: str, **fields) -> None:
-    body = {"trajectory_id": tid, "event": event, "ts": time.time(), "task": "demo", **fields}
-    r = await client.post("/lifecycle", json=body)
-    if r.status_code != 200:
-        raise RuntimeError(f"POST /lifecycle {event} answered {r.status_code}: {r.text[:200]}")
+class Hints:
+    """Lifecycle hints, posted in batches every 0.1 s (as the trainer SDK does); a generation waits until the hints
+    queued before it are posted, so the server sees each trajectory's events in order."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client, self.queue, self.added, self.posted = client, [], 0, 0
+        self.progress = asyncio.Condition()
+        self.errors: list[str] = []
+
+    def add(self, tid: str, event: str, turn: int, **fields) -> None:
+        self.queue.append({"trajectory_id": tid, "event": event, "ts": time.time(), "task": "demo", "turn": turn,
+                           **fields})
+        self.added += 1
+
+    async def sent(self) -> None:
+        target = self.added
+        async with self.progress:
+            await self.progress.wait_for(lambda: self.posted >= target)
+
+    async def post_forever(self) -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            batch, self.queue = self.queue, []
+            if batch:
+                try:
+                    r = await self.client.post("/lifecycle", json={"events": batch})
+                    if r.status_code != 200:
+                        self.errors.append(f"POST /lifecycle: HTTP {r.status_code} {r.text[:200]}")
+                except httpx.HTTPError as e:
+                    self.errors.append(f"POST /lifecycle: {type(e).__name__} {e}")
+            async with self.progress:
+                self.posted += len(batch)
+                self.progress.notify_all()
 
 
-async def episode(client: httpx.AsyncClient, run: Run, kind: AgentKind, tid: str) -> None:
-    """One agentic episode: sampled, then per turn a greedy generation and a tool whose output grows the context."""
-    rng = random.Random(f"{run.seed}/{tid}")
-    context = [rng.randrange(TOKEN_LO, TOKEN_HI) for _ in range(rng.randint(*kind.first_prompt))]
-    await hint(client, tid, "sampled", prompt_tokens=len(context), turn=0)
+async def episode(client: httpx.AsyncClient, hints: Hints, run: Run, kind: AgentKind, slot: int, n: int,
+                  nonce: str) -> None:
+    tid, group = f"demo-{nonce}-{kind.name}-{slot}-{n}", f"{kind.name}-{slot // kind.group}-{n}"
+    prompt_rng, rng = random.Random(f"{run.seed}/{group}"), random.Random(f"{run.seed}/{kind.name}/{slot}/{n}")
+    context = [prompt_rng.randrange(TOKEN_LO, TOKEN_HI) for _ in range(prompt_rng.randint(*kind.prompt_tokens))]
+    hints.add(tid, "sampled", 0, prompt_tokens=len(context), group_id=f"demo-{nonce}-{group}")
+    if kind.sandbox_s:  # the forecast counts the first prompt as arriving once the sandbox is up
+        hints.add(tid, "sandbox_start", 0, mode="prewarm")
+        await asyncio.sleep(rng.uniform(*kind.sandbox_s))
+        hints.add(tid, "sandbox_ready", 0, prompt_tokens=len(context))
     for turn in range(kind.turns):
+        await hints.sent()
         record = {"trajectory": tid, "kind": kind.name, "turn": turn, "prompt": len(context), "send": run.now()}
         run.sent += 1
         run.in_flight[kind.name] += 1
         try:
             r = await client.post("/generate", headers={"X-Trajectory-Id": tid}, json={
-                "input_ids": context, "sampling_params": {"max_new_tokens": kind.answer_tokens, "temperature": 0,
-                                                          "ignore_eos": True}})
+                "input_ids": context,
+                "sampling_params": {"max_new_tokens": kind.answer_tokens, "temperature": 0, "ignore_eos": True}})
+            record["status"] = r.status_code
             out = r.json().get("output_ids") if r.status_code == 200 else None
+            problem = (f"HTTP {r.status_code} {r.text[:150]}" if out is None
+                       else f"{len(out)} of {kind.answer_tokens} tokens" if len(out) != kind.answer_tokens else None)
         except (httpx.HTTPError, ValueError) as e:
-            r, out = None, None
-            record["error"] = f"{type(e).__name__}: {e}"[:200]
+            out, problem = None, f"{type(e).__name__} {e}"[:200]
         finally:
             run.in_flight[kind.name] -= 1
-        record.update(done=run.now(), status=getattr(r, "status_code", None), output=len(out or []))
-        run.requests.append(record)
-        if out is None or len(out) != kind.answer_tokens:
-            why = record.get("error") or (f"HTTP {r.status_code}: {r.text[:150]}" if r.status_code != 200
-                                          else f"{len(out or [])} of {kind.answer_tokens} tokens")
-            run.lost.append(f"{tid} turn {turn}: {why}")
-            await hint(client, tid, "aborted", turn=turn + 1)
+        run.requests.append({**record, "done": round(run.now(), 3), "problem": problem})
+        if problem:
+            run.lost.append(f"{tid} turn {turn}: {problem}")
+            hints.add(tid, "aborted", turn + 1)
             return
         run.answered += 1
         context += out
         if turn + 1 < kind.turns:
-            await hint(client, tid, "tool_start", tool="bash", turn=turn + 1)
+            hints.add(tid, "tool_start", turn + 1, tool="bash")
             await asyncio.sleep(rng.uniform(*kind.tool_s))
             context += [rng.randrange(TOKEN_LO, TOKEN_HI) for _ in range(rng.randint(*kind.tool_tokens))]
-            await hint(client, tid, "tool_end", prompt_tokens=len(context), turn=turn + 1)
-    await hint(client, tid, "reward_start", turn=kind.turns)
-    await hint(client, tid, "reward_end", accepted=True, turn=kind.turns)
+            hints.add(tid, "tool_end", turn + 1, prompt_tokens=len(context))  # the next prompt's length
+    hints.add(tid, "reward_start", kind.turns)
+    hints.add(tid, "reward_end", kind.turns, accepted=True)
 
 
-async def agent(client: httpx.AsyncClient, run: Run, kind: AgentKind, slot: int, nonce: str) -> None:
-    """One agent slot: runs episodes back to back while the current phase wants this many agents of its kind."""
+async def agent(client: httpx.AsyncClient, hints: Hints, run: Run, kind: AgentKind, slot: int, nonce: str) -> None:
+    """Episodes back to back while the current phase runs at least slot + 1 agents of this kind."""
     n = 0
-    while run.now() < run.duration_s:
+    while run.now() < run.end():
         if slot >= run.phase()[1].get(kind, 0):
             await asyncio.sleep(0.5)
             continue
-        await episode(client, run, kind, f"demo-{nonce}-{kind.name}-{slot}-{n}")
+        await episode(client, hints, run, kind, slot, n, nonce)
         n += 1
 
 
-def resume_counters(metrics_text: str) -> dict[str, float]:
-    """Requests continued elsewhere after a switch, summed over the instances (GET /metrics)."""
-    out = {"resumed": 0.0, "restarted": 0.0, "resume_failed": 0.0}
-    for name, value in re.findall(r"^prorsa_(resumed|restarted|resume_failed)_total\{[^}]*\}\s+(\S+)$",
-                                  metrics_text, re.M):
+def plural(n: float, word: str) -> str:
+    return f"{n:.0f} {word}{'' if n == 1 else 's'}"
+
+
+async def resume_counts(client: httpx.AsyncClient) -> dict[str, float]:
+    """Requests continued elsewhere after being taken off a switching instance, summed over the instances."""
+    text, out = (await client.get("/metrics")).text, {"resumed": 0.0, "restarted": 0.0}
+    for name, value in re.findall(r"^prorsa_(resumed|restarted)_total\{[^}]*\}\s+(\S+)$", text, re.M):
         out[name] += float(value)
     return out
 
 
-async def counters(client: httpx.AsyncClient) -> dict[str, float]:
-    return resume_counters((await client.get("/metrics")).text)
-
-
 async def watch(client: httpx.AsyncClient, run: Run, stop: asyncio.Event, base: dict[str, float]) -> None:
-    """Poll the forecast, the decision and the instances once a second; print what changed."""
-    last_decision, last_status, seen_switches, last_line = None, {}, None, -10.0
+    """Once a second: the forecast, the last decision and the instances; print what changed."""
+    last_t, last_status, seen, last_line = None, {}, None, -10.0
     while not stop.is_set():
         try:
-            fc, dec, inst = await asyncio.gather(*(client.get(p, timeout=10) for p in
-                                                   ("/prorsa/forecast", "/prorsa/decision", "/prorsa/instances")))
-            fc, dec, inst = fc.json(), dec.json(), inst.json()
+            fc, dec, inst = [(await r).json() for r in [asyncio.ensure_future(client.get(p, timeout=10)) for p in
+                                                        ("/prorsa/forecast", "/prorsa/decision", "/prorsa/instances")]]
         except (httpx.HTTPError, ValueError) as e:
             run.say(f"poll failed ({type(e).__name__}); trying again")
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1)
             continue
         d = dec.get("decision") or {}
         roles = {i["instance"]: i["role"] for i in inst["instances"]}
         status = {i["instance"]: i["status"] for i in inst["instances"]}
-        phase = run.phase()[0]
-        sample = {"t": round(run.now(), 2), "phase": phase, "roles": roles, "status": status,
-                  "W_P": fc.get("prefill_tokens"), "K_D": fc.get("decode_kv_tokens"),
-                  "in_flight": dict(run.in_flight), "decision_t": d.get("time_s")}
-        if d:
-            sample.update(a=d["demand"]["prefill"], b=d["demand"]["decode"], target=d["target"],
-                          theta_P=d["inputs"]["theta_P"], hold=d.get("hold_reason"))
+        sample = {"t": round(run.now(), 2), "phase": run.phase()[0], "roles": roles, "status": status,
+                  "W_P": fc.get("prefill_tokens") or 0, "K_D": fc.get("decode_kv_tokens") or 0,
+                  "in_flight": dict(run.in_flight)}
         run.timeline.append(sample)
-        if seen_switches is None:  # switches before the demo (an earlier run, the reset) are not counted
-            seen_switches = len(inst["switches"])
-        if d and d.get("time_s") != last_decision:
-            last_decision = d["time_s"]
-            run.decisions.append({"t": sample["t"], **{k: d[k] for k in ("target", "demand", "plan", "hold_reason")},
-                                  "theta_P": d["inputs"]["theta_P"], "W_P": d["inputs"]["W_P"]})
-            plan = d["plan"]["switches"]
-            verdict = ("switch " + ", ".join(f"instance {s['instance']} {s['from']} -> {s['to']}" for s in plan)
-                       if plan else "hold: " + HOLD_REASONS.get(d.get("hold_reason"), str(d.get("hold_reason"))))
-            run.say(f"controller: prefill demand {d['demand']['prefill']:.2f} instances (W^P {d['inputs']['W_P']:,.0f}"
-                    f" tok / {d['inputs']['S']:g} s / theta^P {d['inputs']['theta_P']:,.0f} tok/s), decode demand "
-                    f"{d['demand']['decode']:.2f} -> target {d['target']['prefill']}P:{d['target']['decode']}D; "
-                    f"{verdict}")
+        if d and d["time_s"] != last_t and d["time_s"] >= run.t0:  # a decision made since the demo started
+            last_t, plan = d["time_s"], d["plan"]["switches"]
+            run.decisions.append({"t": round(d["time_s"] - run.t0, 2), "W_P": d["inputs"]["W_P"],
+                                  "theta_P": d["inputs"]["theta_P"],
+                                  "K_D_now": d["inputs"]["K_D_now"], "K_D_forecast": d["inputs"]["K_D_forecast"],
+                                  **{k: d[k] for k in ("demand", "target", "plan", "hold_reason")}})
+            verdict = ("SWITCH " + ", ".join(f"instance {s['instance']} {s['from']} -> {s['to']}" for s in plan)
+                       if plan else "hold: " + HOLDS.get(d["hold_reason"], str(d["hold_reason"])))
+            inputs, target, demand = d["inputs"], d["target"], d["demand"]
+            run.say(f"controller: prefill demand {demand['prefill']:.2f} instances (W^P {inputs['W_P']:,.0f} tok"
+                    f" / {inputs['S']:g} s / theta^P {inputs['theta_P']:,.0f} tok/s), decode {demand['decode']:.2f}"
+                    f" -> target {target['prefill']}P:{target['decode']}D; {verdict}")
         for iid, st in status.items():
             if last_status and st != last_status.get(iid):
-                run.say(f"instance {iid}: {last_status.get(iid)} -> {st}" + (
-                    " (out of the pools; its running requests are taken off and continued elsewhere)"
-                    if st == "draining" else ""))
+                run.say(f"instance {iid}: {last_status.get(iid)} -> {st}")
         last_status = status
-        for sw in inst["switches"][seen_switches:]:
-            got = await counters(client)
-            sw = {**sw, "t": round(sw["time"] - run.t0, 2), "resumed_total": got["resumed"] - base["resumed"],
-                  "restarted_total": got["restarted"] - base["restarted"]}
+        if seen is None:  # switches before the demo started (an earlier run) are not counted
+            seen = len(inst["switches"])
+        for sw in inst["switches"][seen:]:
+            got = await resume_counts(client)
+            began = sw["time"] - sw["timings"].get("controller_total_s", 0.0)  # "time" is when it ended
+            sw = {**sw, "t": round(began - run.t0, 2), "resumed_so_far": got["resumed"] - base["resumed"],
+                  "restarted_so_far": got["restarted"] - base["restarted"]}
             run.switches.append(sw)
-            run.say(f"SWITCH instance {sw['instance']} {sw['old_role']} -> {sw['new_role']} in "
-                    f"{sw['timings'].get('controller_total_s', 0):.1f} s, busy: {sw['taken']} requests taken off; "
-                    f"continued elsewhere so far: {sw['resumed_total']:.0f} resumed from their KV, "
-                    f"{sw['restarted_total']:.0f} re-queued")
-        seen_switches = len(inst["switches"])
+            moved = (f"{plural(sw['taken'], 'request')} taken off it and continued elsewhere" if sw["taken"]
+                     else "nothing was running on it")
+            run.say(f"SWITCHED instance {sw['instance']} {sw['old_role']} -> {sw['new_role']} in "
+                    f"{sw['timings'].get('controller_total_s', 0):.1f} s: {moved} ({sw['resumed_so_far']:.0f} resumed "
+                    "from their KV so far)")
+        seen = len(inst["switches"])
         if sample["t"] - last_line >= 5:
             last_line = sample["t"]
             n_p = sum(r == "prefill" for r in roles.values())
-            run.say(f"{phase:<18} roles {n_p}P:{len(roles) - n_p}D  forecast W^P {sample['W_P'] or 0:>9,.0f} tok  "
-                    f"K^D {sample['K_D'] or 0:>7,.0f} tok  in flight {sum(run.in_flight.values()):>2}  "
+            run.say(f"{sample['phase']:<18} roles {n_p}P:{len(roles) - n_p}D  forecast W^P {sample['W_P']:>7,.0f} tok"
+                    f"  K^D {sample['K_D']:>7,.0f} tok  requests in flight {sum(run.in_flight.values()):>3}, "
                     f"answered {run.answered}/{run.sent}")
         try:
             await asyncio.wait_for(stop.wait(), 1.0)
@@ -226,16 +275,24 @@ async def watch(client: httpx.AsyncClient, run: Run, stop: asyncio.Event, base: 
             pass
 
 
-async def reset_roles(client: httpx.AsyncClient, run: Run) -> None:
-    """An earlier run left 2 prefill : 1 decode: switch one prefill instance back so the demo starts from 1:2."""
+async def prepare(client: httpx.AsyncClient, run: Run) -> None:
+    """Start from what a fresh `make serve` has: 1 prefill instance and empty KV caches (an earlier run leaves a
+    switched instance behind, and decode instances whose cached KV the controller counts as held)."""
     inst = (await client.get("/prorsa/instances")).json()["instances"]
-    prefill = [i for i in inst if i["role"] == "prefill"]
-    for i in prefill[1:]:
-        run.say(f"instance {i['instance']} is prefill (left by an earlier run): switching it back to decode with "
-                f"POST /prorsa/switch so the demo starts from 1P:{len(inst) - 1}D (not counted)")
+    for i in [i for i in inst if i["role"] == "prefill"][1:]:
+        print(f"instance {i['instance']} is prefill after an earlier run: POST /prorsa/switch back to decode")
         r = await client.post("/prorsa/switch", json={"instance": i["instance"], "new_role": "decode"})
         if r.status_code != 200:
-            run.say(f"could not switch it back ({r.status_code}: {r.text[:200]}); going on")
+            print(f"  not switched back (HTTP {r.status_code}: {r.text[:200]}); going on")
+    r = await client.post("/flush_cache", params={"timeout": 30})
+    print(f"POST /flush_cache (start from empty prefix caches): HTTP {r.status_code}", flush=True)
+    dec = (await client.get("/prorsa/decision")).json()
+    theta, pool = dec["theta_p"]["theta_mix"], ((dec.get("decision") or {}).get("inputs") or {}).get("C_D_KV")
+    if pool and pool / (dec["horizon_s"] * theta) < 1.3:
+        print(f"note: this server has learned theta^P = {theta:,.0f} tok/s from earlier loads: one prefill instance "
+              f"covers {dec['horizon_s'] * theta:,.0f} prompt tokens per horizon, about what fills a decode instance's "
+              f"KV pool ({pool:,.0f}), so Eq. 1 may keep 1 prefill : 2 decode; a freshly started `make serve` shows "
+              "the switch", flush=True)
 
 
 def plot(run: Run, path: Path) -> None:
@@ -244,127 +301,150 @@ def plot(run: Run, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tl = run.timeline
-    ts = [s["t"] for s in tl]
-    fig, (ax_r, ax_f, ax_c, ax_q) = plt.subplots(4, 1, figsize=(11, 10), sharex=True,
-                                                 gridspec_kw={"height_ratios": [1.2, 1, 1, 0.8]})
+    tl, dec = run.timeline, run.decisions
+    ts, dts = [s["t"] for s in tl], [d["t"] for d in dec]
+    colour = {"prefill": "#fc8d62", "decode": "#66c2a5"}
+    fig, (ax_r, ax_f, ax_c) = plt.subplots(3, 1, figsize=(11, 9), sharex=True, gridspec_kw={"height_ratios": [1, 1, 1]})
     ids = sorted({i for s in tl for i in s["roles"]})
-    colours = {"prefill": "#fc8d62", "decode": "#66c2a5"}
     for k, iid in enumerate(ids):
         for s, t_next in zip(tl, ts[1:] + [ts[-1] + 1]):
-            busy = s["status"].get(iid) in ("draining", "switching")
+            moving = s["status"].get(iid) in ("draining", "switching")
             ax_r.broken_barh([(s["t"], t_next - s["t"])], (k - 0.4, 0.8),
-                             color="#bbbbbb" if busy else colours.get(s["roles"].get(iid), "white"))
+                             color="#888888" if moving else colour.get(s["roles"].get(iid), "white"))
     ax_r.set_yticks(range(len(ids)), [f"instance {i}" for i in ids])
-    ax_r.set_title("roles: orange prefill, green decode, grey switching (requests taken off and continued elsewhere)")
-    ax_f.plot(ts, [s["W_P"] or 0 for s in tl], color=colours["prefill"], label="forecast W^P: prefill tokens in the "
-                                                                             "horizon (backlog + expected arrivals)")
-    ax_f.set_ylabel("prefill tokens")
-    ax_k = ax_f.twinx()
-    ax_k.plot(ts, [s["K_D"] or 0 for s in tl], color=colours["decode"], label="forecast K^D: decode KV tokens")
-    ax_k.set_ylabel("decode KV tokens")
-    ax_f.legend(loc="upper left", fontsize=8)
-    ax_k.legend(loc="upper right", fontsize=8)
-    dec = run.decisions
-    dts = [d["t"] for d in dec]
-    ax_c.step(dts, [d["demand"]["prefill"] for d in dec], where="post", color=colours["prefill"],
+    ax_r.set_title("roles: orange prefill, green decode, grey switching (its requests taken off, continued elsewhere)",
+                   fontsize=10)
+    ax_f.plot(ts, [s["W_P"] for s in tl], color=colour["prefill"], label="forecast W^P: prefill tokens in the horizon")
+    ax_f.plot(ts, [s["K_D"] for s in tl], color=colour["decode"], ls="--", label="forecast K^D: decode KV tokens")
+    ax_f.plot(dts, [d["K_D_now"] for d in dec], color=colour["decode"], ls=":", marker=".",
+              label="decode KV held now (K^D_t, at each decision)")
+    ax_f.set_ylabel("tokens")
+    ax_f.legend(fontsize=8, loc="upper right")
+    ax_c.step(dts, [d["demand"]["prefill"] for d in dec], where="post", color=colour["prefill"],
               label="prefill demand a (instances)")
-    ax_c.step(dts, [d["demand"]["decode"] for d in dec], where="post", color=colours["decode"],
+    ax_c.step(dts, [d["demand"]["decode"] for d in dec], where="post", color=colour["decode"],
               label="decode demand b (instances)")
     ax_c.step(dts, [d["target"]["prefill"] for d in dec], where="post", color="k", ls="--",
               label="Eq. 1 target: prefill instances")
-    ax_c.step(ts, [sum(r == "prefill" for r in s["roles"].values()) for s in tl], where="post", color="k", lw=0.8,
-              alpha=0.5, label="prefill instances")
-    ax_c.set_ylabel("controller (every tick)")
-    ax_c.legend(fontsize=8, loc="upper left")
-    for kind in (LONG_ANSWER, LONG_CONTEXT):
-        ax_q.plot(ts, [s["in_flight"][kind.name] for s in tl], label=f"{kind.name} requests in flight")
-    ax_q.set_ylabel("client")
-    ax_q.set_xlabel("seconds since the demo started")
-    ax_q.legend(fontsize=8, loc="upper left")
-    start = 0.0
-    for (name, share, _), shade in zip(PHASES, ("#eef5ff", "#fff1e6", "#eef5ff")):
-        for ax in (ax_r, ax_f, ax_c, ax_q):
-            ax.axvspan(start, start + share * run.duration_s, color=shade, zorder=-1)
-        ax_q.text(start + 1, 0.95, name, transform=ax_q.get_xaxis_transform(), fontsize=8, va="top")
-        start += share * run.duration_s
+    cap = 4.0  # a first estimate of theta^P can make the demand spike: clip it, and print its value
+    ax_c.set_ylim(-0.1, cap)
+    for d in dec:
+        if d["demand"]["prefill"] > cap:
+            ax_c.text(d["t"] + 0.5, cap * 0.93, f"a = {d['demand']['prefill']:.1f}", fontsize=8,
+                      color=colour["prefill"])
+    ax_c.set_ylabel("controller decisions")
+    ax_c.set_xlabel("seconds since the demo started")
+    ax_c.legend(fontsize=8, loc="upper right")
+    for (name, start, end, _), shade in zip(run.bounds(), ("#eef5ff", "#fff1e6", "#eef5ff")):
+        for ax in (ax_r, ax_f, ax_c):
+            ax.axvspan(start, end, color=shade, zorder=-1)
+        ax_c.text(start + 1, 0.02, name, transform=ax_c.get_xaxis_transform(), fontsize=8)
     for sw in run.switches:
-        for ax in (ax_r, ax_f, ax_c, ax_q):
+        for ax in (ax_r, ax_f, ax_c):
             ax.axvline(sw["t"], color="k", ls=":", lw=1)
-        ax_r.annotate(f"{sw['old_role']} -> {sw['new_role']}, {sw['taken']} taken off ", (sw["t"], len(ids) - 0.5),
-                      fontsize=8, ha="right")
+        k = ids.index(sw["instance"]) if sw["instance"] in ids else 0
+        ax_r.broken_barh([(sw["t"], max(sw["timings"].get("controller_total_s", 0), 0.5))], (k - 0.4, 0.8),
+                         color="#888888")
+        moved = f"{plural(sw['taken'], 'request')} taken off" if sw["taken"] else "idle"
+        ax_r.text(sw["t"] + 1, k + 0.42, f"{sw['old_role']} -> {sw['new_role']}: {moved}", fontsize=8, va="bottom")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-async def main_async(args: argparse.Namespace) -> int:
-    async with httpx.AsyncClient(base_url=args.url.rstrip("/"), timeout=httpx.Timeout(300.0, connect=10.0),
-                                 limits=httpx.Limits(max_connections=200, max_keepalive_connections=100)) as client:
+async def wait_ready(client: httpx.AsyncClient, args: argparse.Namespace) -> dict | None:
+    """GET /prorsa/info once the front answers and every instance is active (`make serve` takes 1-3 minutes)."""
+    deadline, said = time.time() + args.wait_s, False
+    while time.time() < deadline:
         try:
             info = (await client.get("/prorsa/info")).json()
-        except (httpx.HTTPError, ValueError) as e:
-            print(f"cannot reach an sglang-prorsa front at {args.url} ({e}); start one with `make serve`")
+            states = [i["status"] for i in (await client.get("/prorsa/instances")).json()["instances"]]
+            if states and all(st == "active" for st in states):
+                return info
+        except (httpx.HTTPError, ValueError, KeyError):
+            pass
+        if not said:
+            print(f"waiting for the server at {args.url} (`make serve`) to be ready ...", flush=True)
+            said = True
+        await asyncio.sleep(2)
+    return None
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    limits = httpx.Limits(max_connections=400, keepalive_expiry=1.0)  # idle < the server's 5 s keep-alive
+    async with httpx.AsyncClient(base_url=args.url.rstrip("/"), timeout=httpx.Timeout(300, connect=10),
+                                 limits=limits) as client:
+        info = await wait_ready(client, args)
+        if info is None:
+            print(f"no sglang-prorsa front with all instances active at {args.url} after {args.wait_s:g} s; start "
+                  "one with `make serve` (same PORT)")
             return 2
         if info.get("mode") != "adaptive" or not info.get("auto_switch"):
             print(f"{args.url} is not an adaptive front (mode {info.get('mode')!r}); start one with `make serve`")
             return 2
-        run = Run(args.url, args.seed, args.duration_s)
-        await reset_roles(client, run)
-        base = await counters(client)
+        run = Run(args.duration_s, args.seed, info["control_interval_s"])
+        await prepare(client, run)
+        base = await resume_counts(client)
         run.t0 = time.time()
-        run.say(f"driving {args.url} for {args.duration_s:g} s (horizon S = {info['horizon_s']:g} s, a control "
-                f"decision every {info['control_interval_s']:g} s); phases: "
-                + ", ".join(f"{n} {s * args.duration_s:.0f} s" for n, s, _ in PHASES))
-        nonce = f"{random.SystemRandom().randrange(16 ** 6):06x}"  # trajectory ids are new on a long-lived server
-        stop = asyncio.Event()
-        watcher = asyncio.create_task(watch(client, run, stop, base))
-        agents = [asyncio.create_task(agent(client, run, kind, slot, nonce))
-                  for kind in (LONG_ANSWER, LONG_CONTEXT) for slot in range(max(p[2].get(kind, 0) for p in PHASES))]
-        done, pending = await asyncio.wait(agents, timeout=args.duration_s + args.drain_s)
+        last = ((await client.get("/prorsa/decision")).json().get("decision") or {}).get("time_s")
+        run.align(last if last is not None else run.t0)
+        run.say(f"{args.url}: horizon S {info['horizon_s']:g} s, a control decision every {run.interval_s:g} s; "
+                + ", ".join(f"{n} {start:.0f}-{end:.0f} s" for n, start, end, _ in run.bounds()))
+        nonce = f"{random.SystemRandom().randrange(16 ** 6):06x}"  # trajectory ids never seen by this server
+        stop, hints = asyncio.Event(), Hints(client)
+        watcher, poster = asyncio.create_task(watch(client, run, stop, base)), asyncio.create_task(hints.post_forever())
+        agents = [asyncio.create_task(agent(client, hints, run, kind, slot, nonce)) for kind in (LONG_ANSWER, TOOL_LOOP)
+                  for slot in range(max(p[2].get(kind, 0) for p in PHASES))]
+        done, pending = await asyncio.wait(agents, timeout=args.duration_s + run.interval_s + args.drain_s)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        errors = [t.exception() for t in done if t.exception() is not None]
         if pending:
             run.lost.append(f"{len(pending)} episodes still running {args.drain_s:g} s after the end: cancelled")
-        await asyncio.sleep(1.5)  # one more poll: a switch that just ended
+        errors = [repr(t.exception())[:300] for t in done if t.exception() is not None] + hints.errors[:5]
+        await asyncio.sleep(1.5)  # a last poll, and the last hints
         stop.set()
         await watcher
-        final = await counters(client)
-    wall = run.now()
-    moved = run.switches
+        poster.cancel()
+        final = await resume_counts(client)
+    wall, busy = run.now(), [s for s in run.switches if s["taken"] > 0]
     resumed, restarted = final["resumed"] - base["resumed"], final["restarted"] - base["restarted"]
-    lost = run.sent - run.answered  # every request sent and not answered 200 with all its tokens
+    lost = run.sent - run.answered  # sent, and not answered 200 with every token asked for
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary = {"switches": len(moved), "taken_off": sum(s["taken"] for s in moved), "resumed": resumed,
-               "restarted": restarted, "resume_failed": final["resume_failed"] - base["resume_failed"],
-               "requests": run.sent, "answered": run.answered, "lost": lost, "lost_detail": run.lost[:10],
-               "wall_s": round(wall, 1), "errors": [repr(e)[:300] for e in errors]}
-    (out / "timeline.json").write_text(json.dumps({"url": args.url, "seed": args.seed, "duration_s": args.duration_s,
-                                                   "phases": [[n, s] for n, s, _ in PHASES], "summary": summary,
-                                                   "switches": run.switches, "decisions": run.decisions,
-                                                   "timeline": run.timeline, "requests": run.requests}) + "\n")
+    summary = {"switches": len(run.switches), "busy_switches": len(busy), "taken_off": sum(s["taken"] for s in busy),
+               "resumed": resumed, "restarted": restarted, "requests": run.sent, "answered": run.answered,
+               "lost": lost, "lost_detail": run.lost[:10], "errors": errors, "wall_s": round(wall, 1)}
+    (out / "timeline.json").write_text(json.dumps({
+        "url": args.url, "seed": args.seed, "duration_s": args.duration_s, "summary": summary,
+        "phases": [[n, t0, t1, {k.name: c for k, c in a.items()}] for n, t0, t1, a in run.bounds()],
+        "switches": run.switches,
+        "decisions": run.decisions, "timeline": run.timeline, "requests": run.requests}) + "\n")
     plot(run, out / "roles.png")
-    print("\n== what happened ==")
-    for s in moved:
-        print(f"  t={s['t']:.0f}s  instance {s['instance']}: {s['old_role']} -> {s['new_role']} while busy, "
-              f"{s['taken']} requests taken off, switch {s['timings'].get('controller_total_s', 0):.1f} s")
-    print(f"  busy switches:         {len(moved)}  (decided by the controller from the forecast)")
-    print(f"  requests continued:    {resumed:.0f} resumed from their KV mid-answer, {restarted:.0f} re-queued")
-    print(f"  requests:              {run.sent} sent, {run.answered} answered with every token, {lost} lost")
-    print(f"  wall time:             {wall:.0f} s")
-    print(f"  role timeline (PNG):   {out / 'roles.png'}")
-    print(f"  raw timeline (JSON):   {out / 'timeline.json'}")
-    print("  look at: the PNG's top row (a decode instance turns prefill in the prefill-heavy phase), the forecast's "
-          "W^P rising with the long contexts, and the controller's prefill demand crossing 1 instance just before.")
+    print("\n== summary ==")
+    for s in run.switches:
+        busy_or_not = f"busy, {plural(s['taken'], 'request')} taken off" if s["taken"] else "idle"
+        print(f"  t={s['t']:5.1f} s  instance {s['instance']} {s['old_role']} -> {s['new_role']} ({busy_or_not}); the "
+              f"switch took {s['timings'].get('controller_total_s', 0):.1f} s")
+    print(f"  busy switches        {len(busy)} of {len(run.switches)} (decided by the controller from the forecast)")
+    print(f"  requests continued   {resumed:.0f} resumed mid-answer from their KV, {restarted:.0f} restarted from "
+          f"the queue, on another instance")
+    print(f"  requests             {run.sent} sent, {run.answered} answered with every token, {lost} lost")
+    print(f"  wall time            {wall:.0f} s")
+    print(f"  role timeline        {out / 'roles.png'}")
+    print(f"  raw timeline         {out / 'timeline.json'}  (every poll, decision, switch and request)")
+    print("  look at: the 'controller:' line where the prefill demand passes 1 instance and the target turns\n"
+          "  2P:1D (the forecast counts the tool-loop prompts while their sandboxes start, before any is sent), the\n"
+          "  SWITCHED line after it (requests taken off a busy decode instance, resumed elsewhere), and in roles.png\n"
+          "  the instance that turns from green to orange as W^P jumps.")
     if lost or errors:
-        print("FAILED: " + "; ".join(run.lost[:5] + summary["errors"][:3]))
+        print("FAILED: " + "; ".join((run.lost + errors)[:5]))
         return 1
-    if not moved:
-        print("FAILED: no switch happened. The controller's last reasons are in the 'controller:' lines above; on a "
-              "busier machine try a longer run (--duration-s 150).")
+    if not busy:
+        print("FAILED: no busy switch happened" + (" (only idle ones)" if run.switches else "") + ": the 'controller:'"
+              " lines say why it held. Eq. 1 asks for 2P:1D only while prefill demand exceeds decode demand; on a"
+              " server that already ran long agentic loads theta^P may be high enough to prevent it: restart `make"
+              " serve` and run again.")
         return 1
     return 0
 
@@ -373,10 +453,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--url", default="http://127.0.0.1:30000", help="the adaptive front (`make serve`)")
-    ap.add_argument("--duration-s", type=float, default=100.0, help="seconds of workload (then in-flight episodes end)")
-    ap.add_argument("--drain-s", type=float, default=60.0, help="how long in-flight episodes may take after that")
+    ap.add_argument("--duration-s", type=float, default=90.0, help="seconds of workload; episodes in flight then end")
+    ap.add_argument("--drain-s", type=float, default=60.0, help="at most this long for them to end")
     ap.add_argument("--out", default="demo-out", help="folder for roles.png and timeline.json")
-    ap.add_argument("--seed", type=int, default=0, help="the workload's token ids and durations")
+    ap.add_argument("--seed", type=int, default=0, help="token ids and tool durations")
+    ap.add_argument("--wait-s", type=float, default=600.0, help="how long to wait for the server to be ready")
     return asyncio.run(main_async(ap.parse_args(argv)))
 
 
