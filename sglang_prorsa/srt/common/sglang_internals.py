@@ -32,10 +32,15 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import hashlib
 import importlib
+import importlib.util
 import inspect
+import os
+from pathlib import Path
 from typing import Any, Iterable
 
+from sglang_prorsa.srt.common.paths import cache_root
 from sglang_prorsa.srt.common.pins import SGLANG_VERSION as WRITTEN_AGAINST  # the pin (requirements/base.txt)
 
 
@@ -380,11 +385,41 @@ def class_level_problems() -> list[str]:
     return problems
 
 
+def _passed_stamp() -> Path | None:
+    """Where a passed check of these declarations against this very SGLang installation is recorded: the key hashes
+    the declarations, both versions and every SGLang source file's path, size and modification time (a stat each,
+    ~20 ms), so any change to either side checks again. None when SGLang cannot be found."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(next(iter(spec.submodule_search_locations)))
+    digest = hashlib.sha256(repr((CLASS_LEVEL, INSTANCE_LEVEL, SIGNATURES, CONSTANTS, WRITTEN_AGAINST,
+                                  _installed_version())).encode())
+    for directory, dirs, files in sorted(os.walk(root)):
+        dirs.sort()
+        for name in sorted(f for f in files if f.endswith(".py")):
+            st = os.stat(os.path.join(directory, name))
+            digest.update(f"{directory}/{name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return cache_root() / "sglang-internals-checked" / digest.hexdigest()[:24]
+
+
 def check_class_level() -> None:
-    """Raise ``SGLangInternalsMismatch`` naming every declared internal the installed SGLang lacks."""
+    """Raise ``SGLangInternalsMismatch`` naming every declared internal the installed SGLang lacks.
+
+    Parsing SGLang's sources takes ~2 s, in each of an instance's processes; a check that passed is recorded
+    (``_passed_stamp``) and not repeated for the same declarations and the same installed files."""
+    stamp = _passed_stamp()
+    if stamp is not None and stamp.exists():
+        return
     problems = class_level_problems()
     if problems:
         raise _mismatch(problems)
+    if stamp is not None:
+        try:
+            stamp.parent.mkdir(parents=True, exist_ok=True)
+            stamp.touch()
+        except OSError:
+            pass  # a read-only cache only costs the next process the same check
 
 
 def check_instance(obj: Any, target: str) -> None:

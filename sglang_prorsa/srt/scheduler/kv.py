@@ -59,11 +59,17 @@ class KVSide:
         return self._codec
 
     def occupancy(self) -> tuple[int, int, int]:
-        """(KV tokens in use, KV capacity, tokens held by the prefix cache)."""
+        """(KV tokens requests hold, KV capacity, tokens held by the prefix cache).
+
+        The footprint (the paper's K^D_t on a decode instance) leaves out the prefix cache's evictable tokens: no
+        request holds them and SGLang frees them on demand. Counted in, an idle decode instance whose cache is full
+        reported a pool's worth of decode demand and the controller switched on it."""
         capacity = int(self.s.max_total_num_tokens or 0)
-        footprint = max(0, capacity - int(self.s.token_to_kv_pool_allocator.available_size())) if capacity else 0
         tree = self.s.tree_cache
-        cached = 0 if tree.disable else int(tree.evictable_size()) + int(tree.protected_size())
+        evictable = 0 if tree.disable else int(tree.evictable_size())
+        allocated = capacity - int(self.s.token_to_kv_pool_allocator.available_size()) if capacity else 0
+        footprint = max(0, allocated - evictable)
+        cached = 0 if tree.disable else evictable + int(tree.protected_size())
         return footprint, capacity, cached
 
     # -- persist ----------------------------------------------------------------------------------------------------

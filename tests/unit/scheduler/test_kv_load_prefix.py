@@ -112,3 +112,13 @@ def test_room_comes_from_other_cached_prefixes(monkeypatch):
     assert kv.counters.snapshot()["kv_tokens_evicted_for_loads"] >= 3
     assert_consistent(tree, alloc)
     kv.release_hold("")  # nothing held without a rid
+
+
+def test_the_footprint_leaves_out_what_the_prefix_cache_could_evict(monkeypatch):
+    # An idle decode instance whose prefix cache is full holds no request's KV: K^D_t must not count the cache.
+    kv, tree, alloc, _ = side(monkeypatch)
+    cache(tree, alloc, [1, 2, 3, 4, 5, 6])
+    cache(tree, alloc, [50, 51, 52, 53])
+    assert kv.occupancy() == (0, POOL, 10)
+    alloc.alloc(3)  # a running request's KV, outside the tree
+    assert kv.occupancy() == (3, POOL, 10)

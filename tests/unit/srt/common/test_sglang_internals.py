@@ -143,3 +143,18 @@ def test_start_up_refuses_to_apply_the_overrides_on_a_mismatch(monkeypatch):
     monkeypatch.setattr(si, "INSTANCE_LEVEL", ((f"{HERE}:FakeReq", ("gone",), "x"),))
     with pytest.raises(si.SGLangInternalsMismatch, match=f"{HERE}:FakeReq: an instance has no 'gone'"):
         overrides.apply_overrides()
+
+
+def test_a_passed_check_is_recorded_and_a_changed_declaration_checks_again(monkeypatch, tmp_path):
+    monkeypatch.setenv("SGLANG_PRORSA_CACHE", str(tmp_path))
+    si.check_class_level()
+    stamps = list((tmp_path / "sglang-internals-checked").iterdir())
+    assert len(stamps) == 1 and stamps[0] == si._passed_stamp()
+    calls = []
+    monkeypatch.setattr(si, "class_level_problems", lambda: calls.append(1) or [])
+    si.check_class_level()
+    assert calls == []  # recorded: not parsed again
+    monkeypatch.setattr(si, "CONSTANTS", si.CONSTANTS + ((f"{HERE}:SGLANG_VERSION", "9.9", "x"),))
+    assert si._passed_stamp() != stamps[0]
+    si.check_class_level()
+    assert calls == [1]  # another declaration: checked again
