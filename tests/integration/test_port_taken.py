@@ -20,7 +20,7 @@ def test_an_instance_whose_port_is_taken_exits_with_port_taken(tiny_model, log_d
         srv = processes.start(["--host", processes.LOOPBACK, "--port", str(port), *ENGINE_FLAGS],
                               name=f"port-taken-{port}", port=port, log_dir=log_dir)
         try:
-            rc = srv.proc.wait(timeout=300)  # model load, then the bind fails
+            rc = srv.proc.wait(timeout=300)  # checked before SGLang is imported: seconds, not a model load
         finally:
             srv.stop(grace_s=2.0)
     assert rc == PORT_TAKEN_EXIT, srv.log_tail()

@@ -73,6 +73,9 @@ CLASS_LEVEL: tuple[tuple[str, str], ...] = (
     ("sglang.srt.managers.scheduler:Scheduler.is_fully_idle", "quiet before a rebuild; busy intervals"),
     ("sglang.srt.managers.scheduler:Scheduler.abort_request", "takes queued requests off the instance"),
     ("sglang.srt.managers.scheduler:run_scheduler_process", "our scheduler entry runs it after the overrides"),
+    ("sglang.srt.mem_cache.kv_cache_configurator:KVCacheConfigurator._profile_available_bytes",
+     "wrapped: a CPU pool sized by --max-total-tokens"),
+    ("sglang.srt.mem_cache.kv_cache_configurator:get_schedule", "the token budget, read by that wrapper"),
     ("sglang.srt.managers.schedule_batch:FINISH_ABORT", "typed abort reasons (err_type) of migrated requests"),
     ("sglang.srt.managers.io_struct:AbortReq", "aborts with our finish reason"),
     ("sglang.srt.managers.schedule_batch:INIT_INCREMENTAL_DETOKENIZATION_OFFSET", "stitched text is decoded after "
@@ -146,6 +149,8 @@ SIGNATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sglang.srt.managers.tokenizer_manager:TokenizerManager._stream_one_response", ("self", "obj", "state",
                                                                                      "request")),
     ("sglang.srt.managers.tokenizer_manager:TokenizerManager.generate_request", ("self", "obj", "request")),
+    ("sglang.srt.mem_cache.kv_cache_configurator:KVCacheConfigurator._profile_available_bytes",
+     ("self", "pre_model_load_memory")),
 )
 
 # Scheduler instance attributes, per role ("any" = every role).
@@ -188,6 +193,7 @@ SAMPLING_PARAMS_FIELDS: tuple[str, ...] = (
 # (module:Class, what an instance of it has that we read, write or call, where / why). Checked without building an
 # instance (see the module docstring): class attributes, methods, declared fields, and ``self.<name>`` assignments.
 INSTANCE_LEVEL: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    (f"{_MC}.kv_cache_configurator:KVCacheConfigurator", ("device",), "the CPU KV-pool override: which device"),
     # -- the tokenizer manager's side (srt/engine/) ------------------------------------------------------------------
     (f"{_IO}:GenerateReqInput", GENERATE_REQ_FIELDS + ("normalize_batch_and_arguments", "is_single"),
      "request_guard, hooks (hand-on at arrival), side/aborts/continuation (resume); is_single is set only by "

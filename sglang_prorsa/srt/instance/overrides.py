@@ -182,6 +182,29 @@ def _wrap_run_batch() -> bool:
     return wrap_method(Scheduler, "run_batch", make)
 
 
+# A KV budget far beyond any token budget: the pool is then sized by --max-total-tokens alone.
+_UNBOUNDED_KV_BYTES = 1 << 50
+
+
+def _wrap_cpu_kv_profile() -> bool:
+    from sglang.srt.mem_cache import kv_cache_configurator as kvc
+
+    def make(original):
+        def _profile_available_bytes(self, pre_model_load_memory):
+            try:
+                return original(self, pre_model_load_memory)
+            except ValueError as e:
+                if str(self.device) != "cpu" or kvc.get_schedule().max_total_tokens is None:
+                    raise
+                logger.warning("CPU KV pool sized by --max-total-tokens=%d alone: free RAM fell while the weights "
+                               "loaded (%s)", kvc.get_schedule().max_total_tokens, e)
+                return _UNBOUNDED_KV_BYTES
+
+        return _profile_available_bytes
+
+    return wrap_method(kvc.KVCacheConfigurator, "_profile_available_bytes", make)
+
+
 def _wrap_tokenizer_manager(method: str, hook: str, tag: str = "") -> bool:
     """Wrap ``TokenizerManager.<method>`` with the factory ``srt/engine/hooks.<hook>``."""
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
@@ -219,6 +242,19 @@ def _register_builtin() -> None:
             "which crashes on a machine without CUDA; False keeps the plain path, and KV still moves over TCP."
         ),
         apply=_mooncake_host_tensor_indices,
+    ))
+    REGISTRY.register(Override(
+        name="cpu_kv_pool_sized_by_tokens",
+        target="sglang.srt.mem_cache.kv_cache_configurator:KVCacheConfigurator._profile_available_bytes",
+        kind="wrapped method",
+        reason=(
+            "On CPU SGLang measures free RAM machine-wide before and after loading the weights and refuses to start "
+            "when it fell by more than the static fraction; several instances loading on one host at once make it "
+            "fall (a CI start failed at --mem-fraction-static 0.97 with 2 % of the earlier free RAM left). With "
+            "--max-total-tokens given the pool is sized by tokens anyway, so on CPU that refusal is replaced by a "
+            "warning and the token budget; on a GPU, or without a token budget, SGLang's check stands."
+        ),
+        apply=_wrap_cpu_kv_profile,
     ))
     REGISTRY.register(Override(
         name="scheduler_prorsa_mixin",

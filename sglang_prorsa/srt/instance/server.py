@@ -14,6 +14,7 @@ import functools
 import json
 import logging
 import os
+import socket
 import threading
 import time
 
@@ -54,6 +55,7 @@ def server_args_for(spec: InstanceSpec):
 
 
 def run_instance(spec: InstanceSpec) -> None:
+    exit_if_port_taken(spec.host, spec.port)  # before importing SGLang and loading the model, not a minute later
     from sglang.srt.entrypoints import http_server
     from sglang.srt.entrypoints.engine import init_tokenizer_manager as sglang_init_tokenizer_manager
     from sglang.srt.utils import kill_process_tree
@@ -126,6 +128,31 @@ def mount_lifecycle(app, config: ProrsaConfig):
     mount(app, make_router(control_plane))
     mark_admin_routes(app, {("POST", "/lifecycle/config")})
     return control_plane
+
+
+def port_taken(host: str, port: int) -> OSError | None:
+    """The error binding ``host:port`` would raise now, as uvicorn binds it (SO_REUSEADDR: a port left in TIME_WAIT
+    is free), or None when it is free."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return e
+            raise
+    return None
+
+
+def exit_if_port_taken(host: str, port: int) -> None:
+    """Ends this instance with ``PORT_TAKEN_EXIT`` if its HTTP port is already bound, before SGLang loads the model.
+    A process that binds it later is caught by ``ExitWhenPortTaken``."""
+    taken = port_taken(host, port)
+    if taken is not None:
+        logger.error("port %d is bound by another process (%s): exiting with %d", port, taken, PORT_TAKEN_EXIT)
+        logging.shutdown()
+        os._exit(PORT_TAKEN_EXIT)
 
 
 class ExitWhenPortTaken(logging.Filter):
