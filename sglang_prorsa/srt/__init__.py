@@ -32,9 +32,14 @@ MOVED: dict[str, str] = {
 }
 
 
+_LONGEST_FIRST = sorted(MOVED, key=len, reverse=True)
+
+
 def new_name(old: str) -> str | None:
     """Where the module once importable as ``old`` lives now, or None if it did not move."""
-    for prefix in sorted(MOVED, key=len, reverse=True):
+    if not old.startswith("sglang_prorsa.srt."):  # the finder is asked about every import in the process
+        return None
+    for prefix in _LONGEST_FIRST:
         if old == prefix or old.startswith(prefix + "."):
             return MOVED[prefix] + old[len(prefix):]
     return None
