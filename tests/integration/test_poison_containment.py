@@ -64,8 +64,8 @@ def test_a_request_that_kills_its_scheduler_is_answered_typed_and_reaches_one_ot
 
     # The deployment serves again once the front has restarted both prefill instances. Two instances loading at
     # once on two cores can hold the front's answers back for a while (a CI run saw a 30 s read timeout here): the
-    # poll waits for answers within the deadline rather than failing on one slow one. (Sent while only one was back,
-    # a request was once answered 503 resume_failed after 16 moves: docs/failures.md, known limits.)
+    # poll waits for answers within the deadline rather than failing on one slow one. A restarted prefill instance
+    # that is slow to answer at first must not hold requests back once it is active again (docs/failures.md).
     deadline = time.monotonic() + 400
     while time.monotonic() < deadline and not _all_back(front):
         time.sleep(1)

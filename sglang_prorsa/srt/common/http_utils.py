@@ -26,6 +26,8 @@ async def post_fresh(session: Any, url: str, **kwargs: Any) -> Any:
     try:
         return await session.post(url, **kwargs)
     except aiohttp.ServerDisconnectedError as first:
+        if session.closed:  # our side is shutting down: nothing to retry on
+            raise
         try:
             return await session.post(url, **kwargs)
         except aiohttp.ClientConnectorError:

@@ -99,18 +99,23 @@ class ReleaseRooms:
 class ForgetPrefill:
     """These bootstrap addresses (host, port) changed role or restarted: a decode instance drops what it cached
     about them (parallel info, connection endpoints), or its next handshake with them would use stale endpoints and
-    time out."""
+    time out. An address under a new epoch is live again: halves bound to it are no longer released on arrival
+    (``PeerLost.ttl_s``)."""
 
     addresses: frozenset[tuple[str, int]]
 
 
 @dataclass(frozen=True)
 class PeerLost:
-    """A prefill instance at this bootstrap address died: take off every half still waiting for its KV (their holder
-    continues them elsewhere), forget its endpoints, and release halves bound to it that arrive for ``ttl_s``."""
+    """The prefill instance at this bootstrap address died (``dead``) or stopped answering: take off every half still
+    waiting for its KV (their holder continues them elsewhere) and forget its endpoints. A dead one's death is
+    counted against each of those requests (a poison request's count), and halves bound to it that arrive within
+    ``ttl_s`` are released too -- until it is back under a new epoch (``ForgetPrefill``). One that only stopped
+    answering (slow, loaded) is not a death and holds nothing back: its next answer makes it routable again."""
 
     host: str
     port: int
+    dead: bool = True
     ttl_s: float = 60.0
 
 

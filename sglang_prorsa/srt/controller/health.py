@@ -5,8 +5,9 @@
 - *Keep its requests alive*: when a prefill instance is lost, every decode instance takes off the halves still
   waiting for its KV and continues them elsewhere (``POST /prorsa/peer_lost``); the requests a lost decode instance
   held died with their connections, and the relay or router that sent them retries them.
-- *Bring it back*: an instance started here is restarted with the same spec; when it answers it rejoins the pools
-  with a new epoch (decode instances then forget its old transfer endpoints).
+- *Bring it back*: an instance started here is restarted with the same spec (tried again after a pause if a restart
+  fails, ``RESTART_ATTEMPTS`` in all); when it answers it rejoins the pools with a new epoch (decode instances then
+  forget its old transfer endpoints).
 - *Stop with the front* (issue 29): once the front is told to stop (``stop``) no restart starts, and one still
   loading ends its process instead of keeping the front's shutdown waiting for it; every process a restart started
   is kept in ``started``, so the front's last act can end them all.
@@ -29,6 +30,8 @@ logger = logging.getLogger(__name__)
 
 WATCH_EVERY_S = 0.5
 RESTART_READY_TIMEOUT_S = 900.0
+RESTART_ATTEMPTS = 3
+RESTART_PAUSE_S = 5.0  # before the second attempt; twice that before the third
 
 
 class Health:
@@ -82,13 +85,15 @@ class Health:
         if was == "prefill":
             await self.notify_decodes(inst)
         if inst.instance_id in self.processes and not self.stopping.is_set():
-            task = asyncio.get_running_loop().create_task(self.restart(inst))
+            task = asyncio.get_running_loop().create_task(self.restart_until_back(inst))
             self._restart_tasks.add(task)
             task.add_done_callback(self._restart_tasks.discard)
 
-    async def notify_decodes(self, inst: Instance) -> None:
+    async def notify_decodes(self, inst: Instance, dead: bool = True) -> None:
+        """Decode instances continue elsewhere what waits for ``inst``'s KV. Only a ``dead`` one counts as a death
+        against those requests (a poison request's count): an instance that missed its checks may just be slow."""
         targets = [i for i in self.registry if i.role == "decode" and i.state not in (State.DEAD, State.STARTING)]
-        body = {"bootstrap_host": inst.bootstrap_host, "bootstrap_port": inst.bootstrap_port}
+        body = {"bootstrap_host": inst.bootstrap_host, "bootstrap_port": inst.bootstrap_port, "dead": dead}
         results = await asyncio.gather(*(self.http.post(i.url + "/prorsa/peer_lost", body) for i in targets),
                                        return_exceptions=True)
         for i, r in zip(targets, results):
@@ -113,7 +118,26 @@ class Health:
         logger.info("restarted instance %s caught up to %s (%s): %s", inst.instance_id, theirs.get("model_path"),
                     theirs.get("weight_version"), status)
 
-    async def restart(self, inst: Instance) -> None:
+    async def restart_until_back(self, inst: Instance) -> bool:
+        """``restart``, tried again after a pause when it fails (its process died while loading, its port was taken,
+        it did not load in time), up to ``RESTART_ATTEMPTS`` in all: one failed restart used to leave the instance
+        out of every pool for good. Whether it is back."""
+        for attempt in range(RESTART_ATTEMPTS):
+            if attempt:
+                logger.warning("restarting instance %s again in %.0f s (attempt %d of %d)", inst.instance_id,
+                               RESTART_PAUSE_S * attempt, attempt + 1, RESTART_ATTEMPTS)
+                if await asyncio.to_thread(self.stopping.wait, RESTART_PAUSE_S * attempt):
+                    return False
+            if await self.restart(inst):
+                return True
+            if self.stopping.is_set():
+                return False
+        logger.error("instance %s did not come back after %d restarts; it stays out of the pools", inst.instance_id,
+                     RESTART_ATTEMPTS)
+        return False
+
+    async def restart(self, inst: Instance) -> bool:
+        """One restart of ``inst`` with its spec; whether it is back in the pools."""
         from sglang_prorsa.srt.utils import processes
 
         iid = inst.instance_id
@@ -129,7 +153,7 @@ class Health:
                 spec.dump(Path(old.argv[old.argv.index("--spec") + 1]))
             if self.stopping.is_set():  # told to stop while the old process was ending: start nothing
                 logger.info("instance %s not restarted: the front is stopping", iid)
-                return
+                return False
             proc = processes.start(old.argv[3:], name=f"instance-{iid}-restart{self.restarts + 1}", port=old.port,
                                    log_dir=old.log_path.parent, module=old.argv[2], die_with_parent=True)
             self.started.append(proc)
@@ -142,7 +166,7 @@ class Health:
             except processes.Stopped:
                 logger.warning("front stopping: ending instance %s while it restarts (pid %d)", iid, proc.pid)
                 await asyncio.to_thread(proc.stop, 1.0)
-                return
+                return False
             logger.info("instance %s restarted in %.1f s", iid, time.monotonic() - t0)
             inst.role = spec.role if spec is not None else inst.role  # a fresh process serves its spec's role
             await self.catch_up_weights(inst)
@@ -152,7 +176,9 @@ class Health:
             await self.orchestrator.push_peers()
             if self.orchestrator.router is not None and inst.role in ("prefill", "decode"):
                 await self.orchestrator.router.add_eventually(inst.url, inst.role, inst.bootstrap_port)
+            return True
         except Exception:
-            logger.exception("restart of instance %s failed; it stays out of the pools", iid)
+            logger.exception("restart of instance %s failed", iid)
+            return False
         finally:
             self._restarting.discard(iid)

@@ -96,7 +96,7 @@ class ControlLoop:
                 self.registry.set_state(inst, State.UNHEALTHY)
                 await self.orchestrator.push_peers()
                 if inst.role == "prefill":  # what waits for its KV would wait for a timeout: continue it elsewhere
-                    await self.health.notify_decodes(inst)
+                    await self.health.notify_decodes(inst, dead=False)
             return
         inst.missed_checks = 0
         inst.last_seen = time.time()

@@ -100,6 +100,7 @@ class Continuation:
     async def run(self) -> AsyncIterator[dict[str, Any]]:
         failures: list[str] = []
         waited_s, streak = 0.0, 0  # waited for a pair, over all moves; pair-less picks in a row
+        avoid: tuple[str, ...] = ()  # the prefill and decode instances the last attempt failed on
         while self.moves < MAX_MOVES:
             if self.deaths >= MAX_DEATHS:
                 self.counters["suspected_poison"] += 1
@@ -113,7 +114,7 @@ class Continuation:
                     {"type": "length", "length": produced})
                 return
             try:
-                prefill, decode = self.peers.pick_pair(prefer_prefill=self._prompt_holder())
+                prefill, decode = self._pick(avoid)
             except NoPair as e:
                 if waited_s >= NO_PAIR_WAIT_S:
                     failures.append(f"{e} for {waited_s:.0f} s")
@@ -132,10 +133,27 @@ class Continuation:
             if self.stitcher.finished:
                 return
             self.stitcher.rebase()  # continue from what this attempt produced
+            avoid = ()
             if len(failures) > failed_before:  # the pair is switching or gone: let the registry catch up
+                avoid = (prefill.instance_id, decode.instance_id)
                 await asyncio.sleep(min(1.0, 0.05 * 2 ** len(failures)))
         raise ResumeFailed(f"request {self.stitcher.rid} could not be continued after {self.moves} moves: "
                            f"{failures[-3:]}")
+
+    def _pick(self, avoid: tuple[str, ...]) -> tuple[Peer, Peer]:
+        """A pair sharing as little as it can with the one the last attempt failed on (``avoid``: its prefill and
+        decode instances): neither, else another prefill instance, else another decode instance, else the same pair.
+        A pair that keeps failing (a restarted instance still slow, a transfer path that times out) would otherwise
+        take every move while another one is active."""
+        prefer = self._prompt_holder()
+        if avoid:
+            prefill, decode = avoid
+            for exclude in ({prefill, decode}, {prefill}, {decode}):
+                try:
+                    return self.peers.pick_pair(exclude=exclude, prefer_prefill=prefer)
+                except NoPair:
+                    continue
+        return self.peers.pick_pair(prefer_prefill=prefer)
 
     def _prompt_holder(self) -> Peer | None:
         """A request restarted from its prompt (no KV persisted) goes back to the prefill instance it was paired with

@@ -89,9 +89,10 @@ class LocalScheduler:
         return await self.channel.call(LoadPrefix(token_ids=token_ids, keys=keys, block_tokens=block_tokens,
                                                   hold_for_rid=hold_for_rid), timeout_s=CHANNEL_TIMEOUT_S)
 
-    async def peer_lost(self, host: str | None, port: int | None):
-        """A prefill peer is gone: our halves waiting for its KV are taken off (continued elsewhere)."""
-        return await self.channel.call(PeerLost(host=host, port=port), timeout_s=CHANNEL_TIMEOUT_S)
+    async def peer_lost(self, host: str | None, port: int | None, dead: bool = True):
+        """A prefill peer died (``dead``) or stopped answering: our halves waiting for its KV are taken off
+        (continued elsewhere)."""
+        return await self.channel.call(PeerLost(host=host, port=port, dead=dead), timeout_s=CHANNEL_TIMEOUT_S)
 
 
 _PROMPT_IDS = "_prorsa_prompt_ids"  # on SGLang's request object: its text prompt as SGLang tokenized it

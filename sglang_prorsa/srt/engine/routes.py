@@ -6,7 +6,8 @@
     POST /prorsa/release {"rooms": [int], "only_not_started"?}   the other halves of these PD pairs moved: take ours
                                                          off (a prefill instance may keep those it began)
     POST /prorsa/expect {"rooms": [int]}                 the other halves are about to move: book records for ours
-    POST /prorsa/peer_lost {"bootstrap_host", "bootstrap_port"}   a prefill instance died: continue what waited on it
+    POST /prorsa/peer_lost {"bootstrap_host", "bootstrap_port", "dead"?}   a prefill instance died (or, "dead": false,
+                                                         stopped answering): continue what waited on it
     POST /prorsa/held_rooms {"rooms": [int]}             which of these PD rooms this instance still holds ("held"),
                                                          and which of those wait on a handshake that is not coming
                                                          ("stuck"; prefill only, see watchdog.py)
@@ -139,9 +140,12 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
             return field_error("bootstrap_host", "must be a host name or address")
         if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
             return field_error("bootstrap_port", "must be a port number")
+        dead = body.get("dead", True)
+        if not isinstance(dead, bool):
+            return field_error("dead", "must be true (the process died) or false (it stopped answering)")
         if side.role != "decode":
             return JSONResponse({"released": []})
-        res = await side.scheduler.peer_lost(host, port)
+        res = await side.scheduler.peer_lost(host, port, dead)
         side.counters["released_for_lost_prefill"] += len(res.rids)
         return JSONResponse({"released": res.rids})
 

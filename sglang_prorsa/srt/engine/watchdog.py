@@ -124,9 +124,10 @@ class OrphanWatch:
         for peer, items in by_peer.values():
             answer = await self.pairs.held_by_prefill(peer, [q.bootstrap_room for q in items])
             if answer is None:
-                logger.warning("prefill %s does not answer for %d waiting halves: treated as lost", peer.instance_id,
-                               len(items))
-                await self.scheduler.peer_lost(peer.bootstrap_host, peer.bootstrap_port)
+                dead = await self.pairs.prefill_gone(peer.bootstrap_host, peer.bootstrap_port)
+                logger.warning("prefill %s does not answer for %d waiting halves (%s): continued elsewhere",
+                               peer.instance_id, len(items), "dead" if dead else "alive, slow")
+                await self.scheduler.peer_lost(peer.bootstrap_host, peer.bootstrap_port, dead)
                 continue
             held, stuck_there = set(answer.get("held", [])), set(answer.get("stuck", []))
             unheld += [q for q in items if q.bootstrap_room not in held]

@@ -283,6 +283,14 @@ class SchedulerSide:
         )
 
     def forget_prefill(self, msg: ForgetPrefill) -> int:
+        """A prefill back under a new epoch (restarted, rebuilt, answering again): its old endpoints are dropped and
+        halves bound to it are served again. Before this, one restarted at the same address within ``PeerLost.ttl_s``
+        had every continuation sent to it released on arrival, until the holder ran out of moves (a CI failure)."""
+        for address in msg.addresses:
+            self.lost.pop(address, None)
+        return self._forget_endpoints(msg.addresses)
+
+    def _forget_endpoints(self, addresses: frozenset[tuple[str, int]]) -> int:
         """SGLang's decode KV manager caches, per prefill bootstrap address, the prefill's parallel info and its
         transfer endpoints; a prefill whose role was rebuilt keeps its bootstrap address but gets new endpoints.
         SGLang's own handler for a lost prefill drops exactly those entries (no request is bound to a drained one)."""
@@ -292,7 +300,7 @@ class SchedulerSide:
 
         manager = self.s.disagg_decode_prealloc_queue.kv_manager
         forgotten = 0
-        for host, port in msg.addresses:
+        for host, port in addresses:
             addr = NetworkAddress(host, port).to_host_port_str()
             if addr in manager.prefill_info_table or any(k.startswith(addr) for k in manager.connection_pool):
                 manager._handle_node_failure(addr)
@@ -351,9 +359,11 @@ class SchedulerSide:
             self._release_bound_to(set(self.lost))
 
     def peer_lost(self, msg: PeerLost) -> ReleaseResult:
-        self.lost[(msg.host, msg.port)] = time.monotonic() + msg.ttl_s
-        self.forget_prefill(ForgetPrefill(addresses=frozenset({(msg.host, msg.port)})))
-        return self._release_bound_to({(msg.host, msg.port)}, deaths=1)
+        address = (msg.host, msg.port)
+        if msg.dead and msg.ttl_s > 0:
+            self.lost[address] = time.monotonic() + msg.ttl_s
+        self._forget_endpoints(frozenset({address}))
+        return self._release_bound_to({address}, deaths=1 if msg.dead else 0)
 
     def _release_bound_to(self, addresses: set[tuple[str, int]], deaths: int = 0) -> ReleaseResult:
         """Decode halves waiting for KV from a dead prefill instance: continued elsewhere by their holder. Those

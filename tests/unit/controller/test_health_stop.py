@@ -164,3 +164,39 @@ def test_the_front_stops_every_process_it_started_restarted_ones_included():
                             health=SimpleNamespace(started=[d, c]))  # d: a restart the stop interrupted
     assert sorted(p.pid for p in launcher.deployment_processes(started, front)) == [11, 12, 13, 14]
     assert launcher.deployment_processes(started, None) == [a, b]  # stopped before the front was built
+
+
+def test_a_failed_restart_is_tried_again_until_the_instance_is_back(tmp_path, monkeypatch):
+    """A restart whose process does not load is not the end: the instance stayed out of every pool for good."""
+    from sglang_prorsa.srt.controller import health as health_mod
+
+    health, inst, first, started = front_with_one_lost_instance(tmp_path, monkeypatch)
+    monkeypatch.setattr(health_mod, "RESTART_READY_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(health_mod, "RESTART_PAUSE_S", 0.01)
+    loads = iter([False, True])  # the first restart never loads (times out), the second does
+    monkeypatch.setattr(processes, "start",
+                        lambda module_args, **kw: started.append(StandIn(tmp_path, loads=next(loads))) or started[-1])
+
+    async def scenario() -> None:
+        await health.lost(inst)
+        await _until(lambda: inst.state is State.ACTIVE)
+        await health.restarts_ended(timeout_s=5)
+
+    asyncio.run(scenario())
+    assert len(started) == 2 and started[0].stopped and not started[1].stopped
+    assert health.processes["1"] is started[1] and health.restarts == 2
+
+
+def test_restarts_stop_after_the_last_attempt(tmp_path, monkeypatch):
+    from sglang_prorsa.srt.controller import health as health_mod
+
+    health, inst, first, started = front_with_one_lost_instance(tmp_path, monkeypatch)
+    monkeypatch.setattr(health_mod, "RESTART_READY_TIMEOUT_S", 0.02)
+    monkeypatch.setattr(health_mod, "RESTART_PAUSE_S", 0.01)
+
+    async def scenario() -> None:
+        await health.lost(inst)
+        await health.restarts_ended(timeout_s=5)
+
+    asyncio.run(scenario())
+    assert len(started) == health_mod.RESTART_ATTEMPTS and inst.state is State.DEAD

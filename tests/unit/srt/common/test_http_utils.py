@@ -54,8 +54,8 @@ def test_our_clients_drop_idle_connections_before_sglangs_server_does():
 class _Session:
     """``post`` fails with the given exceptions in turn, then answers ``"answer"``."""
 
-    def __init__(self, *failures: BaseException) -> None:
-        self.failures, self.calls = list(failures), 0
+    def __init__(self, *failures: BaseException, closed: bool = False) -> None:
+        self.failures, self.calls, self.closed = list(failures), 0, closed
 
     async def post(self, url, **kwargs):
         self.calls += 1
@@ -82,3 +82,7 @@ def test_post_fresh_sends_again_only_after_a_connection_the_server_had_closed():
     with pytest.raises(aiohttp.ClientConnectionError):
         asyncio.run(post_fresh(refused, "http://x/generate"))
     assert refused.calls == 1  # an instance that is down is not asked again here (the relay picks another)
+    closing = _Session(aiohttp.ServerDisconnectedError(), closed=True)  # our front shutting down
+    with pytest.raises(aiohttp.ServerDisconnectedError):  # a ClientError its callers handle, not "Session is closed"
+        asyncio.run(post_fresh(closing, "http://x/generate"))
+    assert closing.calls == 1
