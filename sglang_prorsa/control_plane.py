@@ -1,20 +1,25 @@
 """Standalone Prorsa control plane: the lifecycle and forecast routes with no engine behind them.
 
-    python -m sglang_prorsa.control_plane --host 127.0.0.1 --port 30100
+    python -m sglang_prorsa.control_plane --host 127.0.0.1 --port 30100 [--clock wall|trace]
 
-For trainers' dry runs, trace replay (engine events posted over HTTP) and tests. The SGLang server mounts the same
+For trainers' dry runs, trace replay (engine events posted over HTTP) and tests. ``--clock trace`` replays a trace
+faster than real time: the clock is the trace's (each event's ``ts``, each ``GET /prorsa/forecast?at=``), every
+window closes at its scheduled end on the way, no background refresher runs, and ``POST /lifecycle/reset`` starts a
+new replay (nothing tracked or learned kept, the configuration kept). The SGLang server mounts the same
 router (``make_router``). The API has no authentication, so it binds to loopback unless ``--allow-remote`` is given.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import logging
 import sys
 
 from fastapi import FastAPI
 
+from sglang_prorsa.policy.clock import TraceClock, WallClock
 from sglang_prorsa.policy.control_plane import REFRESH_INTERVAL_S, LifecycleControlPlane
 from sglang_prorsa.policy.forecast.config import PredictorConfig
 from sglang_prorsa.policy.horizon import DEFAULT_HORIZON_S
@@ -30,10 +35,14 @@ logger = logging.getLogger("sglang_prorsa.control_plane")
 def build_app(control_plane: LifecycleControlPlane | None = None) -> FastAPI:
     control_plane = control_plane or LifecycleControlPlane()
 
+    replay = isinstance(control_plane.clock, TraceClock)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        # A background thread closes accuracy windows on time and keeps a fresh forecast ready, off the event loop.
-        control_plane.start(TICK_INTERVAL_S)
+        # A background thread closes accuracy windows on time and keeps a fresh forecast ready, off the event loop
+        # (on a trace clock, time moves only with the replay: windows close as it moves).
+        if not replay:
+            control_plane.start(TICK_INTERVAL_S)
         try:
             yield
         finally:
@@ -42,6 +51,12 @@ def build_app(control_plane: LifecycleControlPlane | None = None) -> FastAPI:
     app = FastAPI(title="sglang-prorsa control plane", lifespan=lifespan)
     mount(app, make_router(control_plane))
     app.state.control_plane = control_plane
+
+    if replay:
+        @app.post("/lifecycle/reset")
+        async def reset() -> dict:
+            await asyncio.to_thread(control_plane.reset)  # waits for the lock a forecast may hold
+            return {"ok": True, "horizon_s": control_plane.config.horizon_s}
 
     @app.get("/health")
     async def health() -> dict:
@@ -59,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # move it; a server built by the launcher fixes it at --prorsa-horizon (srt/lifecycle_routes.control_plane_for).
     parser.add_argument("--horizon", type=float, default=DEFAULT_HORIZON_S,
                         help=f"forecast horizon S in seconds (Appendix B; default: {DEFAULT_HORIZON_S:g})")
+    parser.add_argument("--clock", choices=("wall", "trace"), default="wall",
+                        help="wall: a live control plane; trace: time follows the posted events' ts and ?at= "
+                             "(replay a trace faster than real time; POST /lifecycle/reset starts over)")
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     if not (args.horizon > 0):
@@ -73,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     logging.basicConfig(level=args.log_level.upper())
-    app = build_app(LifecycleControlPlane(config=PredictorConfig(horizon_s=args.horizon)))
+    clock = TraceClock() if args.clock == "trace" else WallClock()
+    app = build_app(LifecycleControlPlane(clock, config=PredictorConfig(horizon_s=args.horizon)))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 

@@ -39,3 +39,26 @@ class ManualClock:
         if t < self._t:
             raise ValueError(f"cannot move a clock backwards ({t} < {self._t})")
         self._t = float(t)
+
+
+class TraceClock:
+    """A clock that follows a replayed trace (``python -m sglang_prorsa.control_plane --clock trace``): it stands at
+    the latest time the replay has shown -- an event's ``ts``, a forecast's ``at`` -- and never moves back, so an
+    hour of trace replays over HTTP in seconds and every window closes at its scheduled end."""
+
+    def __init__(self) -> None:
+        self._t = 0.0
+        self.started = False  # the trace's first time is not known until it shows one
+
+    def now(self) -> float:
+        return self._t
+
+    def advance_to(self, t: float) -> bool:
+        """Move to ``t`` if it is later (or the first time shown; a finite time); whether it moved."""
+        if (t > self._t or not self.started) and abs(t) < float("inf"):
+            self._t, self.started = float(t), True
+            return True
+        return False
+
+    def reset(self) -> None:
+        self._t, self.started = 0.0, False

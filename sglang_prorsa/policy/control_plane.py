@@ -10,7 +10,9 @@ batch (nothing applied); a valid batch is applied under the lock, so no forecast
 Servers call ``start()``: a daemon thread then closes due windows and computes the current forecast every
 ``interval_s``, so ``forecast()`` (no ``at``) returns a fresh precomputed forecast at once and no request ever waits
 for a refresh; ingest stays O(events) under a short lock. Simulations and tests with a ``ManualClock`` call
-``tick()`` / ``forecast(at)`` synchronously instead.
+``tick()`` / ``forecast(at)`` synchronously instead. With a ``TraceClock`` (a replayed trace, over HTTP) time is
+the trace's: each event moves the clock to its ``ts`` and ``forecast(at)`` to ``at``, closing every window passed on
+the way at its scheduled end; ``reset()`` then starts a new replay.
 """
 
 from __future__ import annotations
@@ -21,13 +23,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence, overload
 
-from sglang_prorsa.policy.clock import Clock, WallClock
+from sglang_prorsa.policy.clock import Clock, TraceClock, WallClock
 from sglang_prorsa.policy.forecast.config import FixedSettingError, PredictorConfig, apply_config_update
 from sglang_prorsa.policy.forecast.predictor import Forecast, WorkloadPredictor
 from sglang_prorsa.policy.lifecycle.engine_api import EngineLifecycleReporter
 from sglang_prorsa.policy.lifecycle.events import MAX_BATCH_EVENTS, LifecycleEvent, parse_payload
 from sglang_prorsa.policy.lifecycle.tracker import Outcome, TrajectoryTracker
 
+# A trace that jumps further than this many windows (an idle hour is 360 at S = 10 s) closes the rest as one.
+MAX_WINDOWS_CLOSED_AT_ONCE = 10_000
 logger = logging.getLogger(__name__)
 _APPLIED, _DUPLICATE = Outcome.APPLIED, Outcome.DUPLICATE  # module constants: enum attribute look-ups are slow
 REFRESH_INTERVAL_S = 0.25  # refresh lag bound: windows close within this of their scheduled end
@@ -102,6 +106,12 @@ class LifecycleControlPlane:
             self._lock.release()
 
     def _ingest(self, events: Sequence[LifecycleEvent]) -> IngestResult:
+        clock = self.clock
+        trace = isinstance(clock, TraceClock)
+        if isinstance(clock, TraceClock) and not clock.started:  # a replay starts where its trace does
+            first = next((e.ts for e in events if e.ts is not None), None)
+            if first is not None:
+                clock.advance_to(first)
         now = self.clock.now()
         # Close a due window first, so the events below count in the window they fall in. With the refresher
         # running this is a cheap check (it closes windows on time); without one, this is where they close.
@@ -111,6 +121,8 @@ class LifecycleControlPlane:
         rejections: list[dict[str, Any]] = []
         apply = self.tracker.apply
         for index, event in enumerate(events):
+            if trace and event.ts is not None:
+                now = self._follow_trace(event.ts)
             outcome = apply(event, now)  # events without ts take the clock's time on receipt
             if outcome is _APPLIED:
                 applied += 1
@@ -160,9 +172,39 @@ class LifecycleControlPlane:
             if current is not None:
                 return current
         with self._lock:
+            if at is not None and isinstance(self.clock, TraceClock):
+                self._follow_trace(float(at))
             now = self.clock.now()
             self.predictor.maybe_refresh(now)
             return self._compute(now if at is None else float(at))
+
+    def _follow_trace(self, t: float) -> float:
+        """A trace clock moved to ``t``: every window that ends on the way closes at its end (under the lock)."""
+        clock = self.clock
+        assert isinstance(clock, TraceClock)
+        if t > clock.now() or not clock.started:
+            predictor = self.predictor
+            closed = 0
+            while (clock.started and predictor.next_refresh_at is not None and predictor.next_refresh_at <= t
+                   and closed < MAX_WINDOWS_CLOSED_AT_ONCE):
+                at = predictor.next_refresh_at
+                clock.advance_to(at)
+                predictor.refresh(at)
+                closed += 1
+            clock.advance_to(t)
+        return clock.now()
+
+    def reset(self) -> None:
+        """A new replay (trace clock only): nothing tracked or learned is kept, the configuration is."""
+        if not isinstance(self.clock, TraceClock):
+            raise RuntimeError("reset is for trace replay (a control plane on a TraceClock)")
+        with self._lock:
+            self.clock.reset()
+            self.tracker = TrajectoryTracker()
+            self.predictor = WorkloadPredictor(self.tracker, self.predictor.config)
+            self.engine = EngineLifecycleReporter(self.ingest)
+            self._current, self._current_at = None, 0.0
+            self._applied_version += 1
 
     def cached_forecast(self) -> Forecast | None:
         """The refresher's latest forecast if it is at most two refresh intervals old and no event was applied since,

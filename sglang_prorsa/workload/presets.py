@@ -134,7 +134,12 @@ class TaskProfile:
 
 @dataclass(frozen=True)
 class EngineModel:
-    """Serial per-instance prefill (what B.7 assumes) with noise around the profile, and per-token decode."""
+    """Serial per-instance prefill (what B.7 assumes) with noise around the profile, and per-token decode.
+
+    ``decode_kv_tokens`` bounds the decode side's KV cache (None: unbounded, the presets): a request whose prefill
+    finished is admitted to decode, in completion order, only when its prompt plus its whole output fit beside the
+    requests decoding (a request larger than the cache is admitted alone), so a full cache holds finished prefills
+    back, as a decode instance with no free KV does."""
 
     prefill_instances: int = 8
     prefill_base_s: float = 0.02
@@ -142,6 +147,7 @@ class EngineModel:
     prefill_noise_sigma: float = 0.15
     decode_s_per_token: float = 0.035  # per-trajectory TPOT of a large MoE under rollout load
     decode_noise_sigma: float = 0.2
+    decode_kv_tokens: float | None = None  # decode KV capacity in tokens (None: unbounded)
 
     def profile(self) -> PrefillTimeProfile:
         """The profiled g(x) handed to the predictor (noise-free)."""
@@ -284,6 +290,40 @@ def varied(spec: WorkloadSpec, *, tool_shape: str | None = None, turns_scale: fl
     if prewarm_hit_rate is not None:
         task = replace(task, prewarm_hit_rate=prewarm_hit_rate)
     return replace(spec, task=task)
+
+
+TOOL_SHAPES = ("lognormal", "gamma", "weibull", "bimodal")
+
+
+def reshape_duration(d: LogNormal, shape: str, *, scale: float = 1.0, param: float | None = None,
+                     spread: float = 4.0) -> Duration:
+    """``d`` as a duration of another shape with its median times ``scale`` (its clipping range scaled too), for
+    held-out families of settings. ``param`` is the shape's own parameter (default: ``d``'s or the robustness
+    variant's): the log-normal's sigma, the gamma's or Weibull's shape k (Weibull k < 1: heavy tail, many very short
+    values), the bimodal mixture's probability of the fast mode; ``spread`` is the bimodal's slow / fast median ratio
+    (the two modes sit at median / sqrt(spread) and median * sqrt(spread))."""
+    if not scale > 0:
+        raise ValueError(f"scale must be > 0, got {scale}")
+    median, lo, hi = d.median * scale, d.lo * scale, d.hi * scale
+    if shape == "lognormal":
+        return LogNormal(median, d.sigma if param is None else param, lo, hi)
+    if shape == "gamma":
+        k = 3.0 if param is None else param
+        if not k > 0:
+            raise ValueError(f"gamma shape must be > 0, got {k}")
+        return Gamma(mean=median / (1.0 - 1.0 / (3.0 * k + 0.2)), shape=k, lo=lo, hi=hi)
+    if shape == "weibull":
+        k = 0.7 if param is None else param
+        if not k > 0:
+            raise ValueError(f"weibull shape must be > 0, got {k}")
+        return Weibull(scale=median / math.log(2.0) ** (1 / k), shape=k, lo=lo, hi=hi)
+    if shape == "bimodal":
+        p_fast = 0.7 if param is None else param
+        if not (0.0 <= p_fast <= 1.0 and spread >= 1.0):
+            raise ValueError(f"bimodal needs 0 <= p_fast <= 1 and spread >= 1, got {p_fast}, {spread}")
+        root = math.sqrt(spread)
+        return Bimodal(LogNormal(median / root, 0.3, lo, hi), LogNormal(median * root, 0.4, lo, hi), p_fast)
+    raise ValueError(f"tool shape must be one of {', '.join(TOOL_SHAPES)}, got {shape!r}")
 
 
 def _reshape(d: LogNormal, shape: str) -> Duration:

@@ -3,7 +3,10 @@ the lifecycle event stream (trainer hints and engine transitions) that a real de
 
 Engine model: each prefill instance serves its requests one at a time in arrival order (requests are routed on arrival
 to the instance that frees up first, as a least-loaded router would); service time = profiled g(x) times log-normal
-noise; decode takes output_tokens * TPOT (with noise) and is not capacity-limited. Trainer model:
+noise; decode takes output_tokens * TPOT (with noise) and is not capacity-limited unless the engine model bounds the
+decode KV cache (``EngineModel.decode_kv_tokens``): then a finished prefill waits, in completion order, until its
+prompt and whole output fit beside the requests decoding, and ``prefill_end`` (the decode admission) is reported when
+it is admitted. Trainer model:
 
 * ``sync``: a step launches ``groups * group_size`` samples at once; when every one has finished reward, training
   takes ``train_gap_s`` and the next step launches; ``weights_updated_before_s`` before that launch the trainer
@@ -17,6 +20,7 @@ Events come out in timestamp order (ties in scheduling order), each with ``ts`` 
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import math
@@ -48,6 +52,10 @@ class RolloutSimulator:
         self._step_left = 0
         self._version = 0
         self.launched = 0
+        # bounded decode KV (engine.decode_kv_tokens): tokens held by decoding requests, finished prefills waiting
+        self._kv_used = 0.0
+        self._kv_waiting: collections.deque = collections.deque()
+        self.kv_waits = 0  # prefills that had to wait for decode KV
 
     # ----- public -----
     def events(self) -> Iterator[LifecycleEvent]:
@@ -151,10 +159,39 @@ class RolloutSimulator:
         self._free_at[m] = finish
         self._emit(t, plan, EventKind.REQUEST_ARRIVED, prompt_tokens=x, instance=str(m), turn=turn)
         self._at(start, lambda t1: self._emit(t1, plan, EventKind.PREFILL_START, instance=str(m)))
-        self._at(finish, lambda t2: self._emit(t2, plan, EventKind.PREFILL_END, instance=str(m)))
         step = plan.turns[turn]
         decode_s = step.output_tokens * engine.decode_s_per_token * self._jitter(engine.decode_noise_sigma)
+        if engine.decode_kv_tokens is not None:
+            need = float(x + step.output_tokens)
+            self._at(finish, lambda t2: self._prefilled(t2, plan, turn, str(m), need, decode_s))
+            return
+        self._at(finish, lambda t2: self._emit(t2, plan, EventKind.PREFILL_END, instance=str(m)))
         self._at(finish + decode_s, lambda t3: self._decoded(t3, plan, turn))
+
+    # ----- bounded decode KV -----
+    def _prefilled(self, t: float, plan: TrajectoryPlan, turn: int, instance: str, need: float,
+                   decode_s: float) -> None:
+        if self._kv_waiting or (self._kv_used > 0 and self._kv_used + need > self.spec.engine.decode_kv_tokens):
+            self.kv_waits += 1
+        self._kv_waiting.append((plan, turn, instance, need, decode_s))
+        self._admit(t)
+
+    def _admit(self, t: float) -> None:
+        """Admit waiting prefills in completion order while they fit (a request larger than the cache alone)."""
+        capacity = self.spec.engine.decode_kv_tokens
+        while self._kv_waiting:
+            plan, turn, instance, need, decode_s = self._kv_waiting[0]
+            if self._kv_used > 0 and self._kv_used + need > capacity:
+                return
+            self._kv_waiting.popleft()
+            self._kv_used += need
+            self._emit(t, plan, EventKind.PREFILL_END, instance=instance)
+            self._at(t + decode_s, lambda t3, plan=plan, turn=turn, need=need: self._kv_decoded(t3, plan, turn, need))
+
+    def _kv_decoded(self, t: float, plan: TrajectoryPlan, turn: int, need: float) -> None:
+        self._kv_used = max(0.0, self._kv_used - need)
+        self._decoded(t, plan, turn)
+        self._admit(t)
 
     def _decoded(self, t: float, plan: TrajectoryPlan, turn: int) -> None:
         self._emit(t, plan, EventKind.DECODE_END)

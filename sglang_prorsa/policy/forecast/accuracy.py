@@ -11,6 +11,10 @@ Windows are [t_k, t_k + S) between predictor refreshes. Realised quantities (SPE
 * prefill_demand: the same plus that backlog on both sides (W_P as the allocator sees it), reported for reference.
 * decode: prompt tokens admitted to decode (prefill completions) in the window, against A_D.
 
+The forecast scored is the served one (combiner.py: the lifecycle forecast, persistence or a series model, or a
+blend), so ``wape`` and the baseline ratio describe what the allocation used; the lifecycle-only forecast is scored
+beside it (``WapeSummary.lifecycle_*``, ``BaselineSummary.lifecycle_*``).
+
 Persistence (issue 10): the forecast "the next window repeats this one" (the realised values of the previous window);
 its WAPE is kept over the windows where it exists, with ours over the same windows beside it, so an operator sees
 whether the forecast earns its keep.
@@ -51,15 +55,17 @@ _DECODE_LABEL = _PREFILL_LABEL | {STATE_CODES[TrajState.READY]: OBSERVED, STATE_
 class WindowRecord:
     start: float
     end: float
-    forecast_arrivals: float  # bias-corrected predicted arrivals
+    forecast_arrivals: float  # served predicted arrivals (the combiner's)
     raw_arrivals: float
     backlog: float  # ready + in-flight prompt tokens at the window's start
-    forecast_decode: float  # bias-corrected A_D
+    forecast_decode: float  # served A_D
     raw_decode: float
     realised_arrivals: float
     realised_decode: float
     persistence_arrivals: float | None = None  # the previous window's realised values (None: no previous window)
     persistence_decode: float | None = None
+    lifecycle_arrivals: float | None = None  # the lifecycle forecast (bias-corrected), whatever was served
+    lifecycle_decode: float | None = None
     paused: bool = False  # overlapped a pause: not scored
     boundary: bool = False  # contained a step boundary (sync launch, weight update): no bias update
     raw_sources: dict = field(default_factory=dict)  # raw predicted arrivals per source
@@ -77,6 +83,8 @@ class WapeSummary:
     prefill_demand: float | None
     windows: int
     excluded_windows: int = 0
+    lifecycle_prefill: float | None = None  # the lifecycle-only forecast's WAPE on the same windows
+    lifecycle_decode: float | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -103,6 +111,8 @@ class BaselineSummary:
     forecast_prefill: float | None  # our WAPE on the windows persistence was scored on
     forecast_decode: float | None
     windows: int
+    lifecycle_prefill: float | None = None  # the lifecycle-only forecast's WAPE on persistence's windows
+    lifecycle_decode: float | None = None
 
     def to_dict(self) -> dict:
         ratio = lambda ours, base: None if ours is None or not base else ours / base  # noqa: E731
@@ -152,6 +162,8 @@ class AccuracyTracker(TrackerObserver):
         self._prefill, self._decode, self._demand = _ErrorSum(), _ErrorSum(), _ErrorSum()
         self._persist_prefill, self._persist_decode = _ErrorSum(), _ErrorSum()
         self._same_prefill, self._same_decode = _ErrorSum(), _ErrorSum()
+        self._life_prefill, self._life_decode = _ErrorSum(), _ErrorSum()
+        self._same_life_prefill, self._same_life_decode = _ErrorSum(), _ErrorSum()
         self._last: WindowRecord | None = None  # the last closed, scored window: persistence's forecast
         self.recent: deque[WindowRecord] = deque(maxlen=recent_windows)
         self.windows = 0
@@ -192,9 +204,13 @@ class AccuracyTracker(TrackerObserver):
 
     def open(self, start: float, end: float, *, forecast_arrivals: float, raw_arrivals: float, backlog: float,
              forecast_decode: float, raw_decode: float, states: np.ndarray | None = None, paused: bool = False,
-             raw_sources: dict | None = None, raw_decode_sources: dict | None = None) -> None:
+             raw_sources: dict | None = None, raw_decode_sources: dict | None = None,
+             lifecycle_arrivals: float | None = None, lifecycle_decode: float | None = None) -> None:
+        """``forecast_*``: the served forecast; ``lifecycle_*``: the lifecycle-only one (default: the same)."""
         self._open = dict(start=start, end=end, forecast_arrivals=forecast_arrivals, raw_arrivals=raw_arrivals,
                           backlog=backlog, forecast_decode=forecast_decode, raw_decode=raw_decode,
+                          lifecycle_arrivals=forecast_arrivals if lifecycle_arrivals is None else lifecycle_arrivals,
+                          lifecycle_decode=forecast_decode if lifecycle_decode is None else lifecycle_decode,
                           raw_sources=dict(raw_sources or {}), raw_decode_sources=dict(raw_decode_sources or {}))
         self._states = None if states is None else np.asarray(states).tolist()  # a copy: the column moves on
         self._arrived = self._admitted = 0.0
@@ -227,12 +243,17 @@ class AccuracyTracker(TrackerObserver):
         self._prefill.add(record.forecast_arrivals, record.realised_arrivals)
         self._decode.add(record.forecast_decode, record.realised_decode)
         self._demand.add(record.forecast_arrivals + record.backlog, record.realised_arrivals + record.backlog)
+        life_p, life_d = _lifecycle(record)
+        self._life_prefill.add(life_p, record.realised_arrivals)
+        self._life_decode.add(life_d, record.realised_decode)
         if last is not None:
             self.persistence_windows += 1
             self._persist_prefill.add(last.realised_arrivals, record.realised_arrivals)
             self._persist_decode.add(last.realised_decode, record.realised_decode)
             self._same_prefill.add(record.forecast_arrivals, record.realised_arrivals)
             self._same_decode.add(record.forecast_decode, record.realised_decode)
+            self._same_life_prefill.add(life_p, record.realised_arrivals)
+            self._same_life_decode.add(life_d, record.realised_decode)
         self._last = record
         self.windows += 1
         return record
@@ -247,6 +268,8 @@ class AccuracyTracker(TrackerObserver):
             prefill_demand=self._demand.wape(),
             windows=self.windows,
             excluded_windows=self.excluded,
+            lifecycle_prefill=self._life_prefill.wape(),
+            lifecycle_decode=self._life_decode.wape(),
         )
 
     def baseline(self) -> BaselineSummary:
@@ -262,4 +285,19 @@ class AccuracyTracker(TrackerObserver):
             forecast_prefill=self._same_prefill.wape(),
             forecast_decode=self._same_decode.wape(),
             windows=self.persistence_windows,
+            lifecycle_prefill=self._same_life_prefill.wape(),
+            lifecycle_decode=self._same_life_decode.wape(),
         )
+
+    @property
+    def persistence(self) -> tuple[float | None, float | None]:
+        """Persistence's forecast for the open window: the last closed, scored window's realised (arrivals,
+        admissions), None after a pause or before any window."""
+        last = self._last
+        return (None, None) if last is None else (last.realised_arrivals, last.realised_decode)
+
+
+def _lifecycle(record: WindowRecord) -> tuple[float, float]:
+    arrivals, decode = record.lifecycle_arrivals, record.lifecycle_decode
+    return (record.forecast_arrivals if arrivals is None else arrivals,
+            record.forecast_decode if decode is None else decode)

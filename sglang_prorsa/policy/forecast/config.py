@@ -14,7 +14,9 @@ JSON form accepted by ``apply_config_update`` (all keys optional, merged into th
     {"horizon_s": 10, "default_prompt_tokens": 4096,
      "injection": {"policy": "fixed_rate", "rate_per_s": 2.0},          # or "injection": "replace_on_reward"
      "prefill_instances": ["p0", "p1"], "kv_page_size": 64,
-     "prefill_profile": {"points": [[1024, 0.05], [32768, 1.4]]}}     # or {"base_s", "per_token_s", "per_token2_s"}
+     "prefill_profile": {"points": [[1024, 0.05], [32768, 1.4]]},    # or {"base_s", "per_token_s", "per_token2_s"}
+     "combiner_members": ["lifecycle", "persistence", "timeseries"],  # the served forecast (combiner.py)
+     "combiner_half_life_windows": 4, "combiner_selection_margin": 0.2, "combiner_noise_half_life_windows": 12}
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang_prorsa.policy.forecast.combiner import MEMBERS
 from sglang_prorsa.policy.forecast.profile import PrefillTimeProfile
 from sglang_prorsa.policy.forecast.sampler import InjectionConfig, InjectionPolicy
 from sglang_prorsa.policy.horizon import DEFAULT_HORIZON_S
@@ -75,6 +78,12 @@ class PredictorConfig:
     bias_gate_min_windows: int = 8  # fewer scored windows than this: no correction
     bias_gate_margin: float = 0.05  # the correction must cut the recent error by this fraction to be applied
     recent_windows: int = 30
+    # the served forecast (combiner.py, beyond the paper): members, the half-life of their discounted errors, the
+    # margin by which the best member must lead to be served alone, the Kalman member's noise-estimate half-life
+    combiner_members: tuple[str, ...] = MEMBERS
+    combiner_half_life_windows: float = 4.0
+    combiner_selection_margin: float = 0.2
+    combiner_noise_half_life_windows: float = 12.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.horizon_s) and self.horizon_s > 0):
@@ -89,6 +98,15 @@ class PredictorConfig:
                      "recent_windows"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, "must be >= 1")
+        for name in ("combiner_half_life_windows", "combiner_noise_half_life_windows"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(name, f"must be > 0, got {value}")
+        if not 0.0 <= self.combiner_selection_margin < 1.0:
+            raise ConfigError("combiner_selection_margin", f"must be in [0, 1), got {self.combiner_selection_margin}")
+        members = self.combiner_members
+        if not members or len(set(members)) != len(members) or set(members) - set(MEMBERS):
+            raise ConfigError("combiner_members", f"must be distinct names among {', '.join(MEMBERS)}, got {members}")
 
     def to_dict(self) -> dict[str, Any]:
         prof = self.prefill_profile
@@ -196,6 +214,17 @@ def apply_config_update(config: PredictorConfig, payload: Any) -> PredictorConfi
             if not isinstance(value, bool):
                 raise ConfigError(name, "must be a boolean")
             changes[name] = value
+        elif name in ("combiner_half_life_windows", "combiner_noise_half_life_windows"):
+            changes[name] = _number(payload, name, minimum=1e-3)
+        elif name == "combiner_selection_margin":
+            margin = _number(payload, name)
+            if margin >= 1:
+                raise ConfigError(name, f"must be in [0, 1), got {margin}")
+            changes[name] = margin
+        elif name == "combiner_members":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(name, f"must be a list of member names among {', '.join(MEMBERS)}")
+            changes[name] = tuple(value)  # names and duplicates are checked by PredictorConfig
         else:
             raise ConfigError(name, "unknown field")
-    return dataclasses.replace(config, **changes)
+    return dataclasses.replace(config, **changes)  # __post_init__ checks what needs the whole config

@@ -15,9 +15,23 @@ The bias correction (B.8) is per source and touches only predicted parts: the ba
 stay as measured. Each source's factor is used only while it has beaten no correction over the recent windows,
 windows with a step boundary or a pause do not update it (bias.py, steps.py).
 
+What is served (beyond the paper, combiner.py): the predicted arrivals and A_D above are the ``lifecycle`` member of
+a per-quantity combination with persistence and a local level Kalman filter of the realised window series, weighted
+by their recent accuracy. ``Forecast``'s allocation-facing fields carry the served values: W_P = backlog + served
+arrivals, A_D served, and K_D scaled by served / lifecycle A_D (kappa_D per admitted token as the lifecycle forecast
+has it); ``Forecast.lifecycle`` keeps the lifecycle-only values. Windows forecast while a sync-mode step launch is
+expected (no step running) or under way but not yet seen (no closed window has had an arrival since the step's first
+sample) form a second regime with combiners of their own: the steady window series cannot see a launch coming, so
+launches are scored only against launches. The lifecycle forecast is served at the first launches unless the steady
+windows have trimmed it (a lifecycle forecast that misses steady windows by far -- no reward hints, say -- was seen
+to forecast a launch 40x too large); once launches have been compared, the member that forecast them best (without reward hints the lifecycle one cannot see a step end coming, and the
+Kalman filter of the launch windows learns their usual size).
+
 ``refresh(now)`` is the every-S step: it closes the accuracy window that just ended (scores it against the forecast
-and against persistence), updates the corrections from its per-source residuals, and opens the next window with the
-new forecast. The refresh is vectorised (snapshot.py): the live trajectories sorted by state once, a few dozen numpy
+and against persistence), updates the corrections from its per-source residuals, scores the members of the regime
+the window was forecast in (a steady window only when no pause or step boundary touched it, a launch window unless
+paused) and moves that regime's Kalman filters on, then opens the next window with
+the new forecast. The refresh is vectorised (snapshot.py): the live trajectories sorted by state once, a few dozen numpy
 passes over them (O(live)), small tables per duration class; no Python loop over trajectories.
 """
 
@@ -32,6 +46,15 @@ import numpy as np
 from sglang_prorsa.policy.forecast.accuracy import ARRIVAL_SOURCES, AccuracyTracker, BaselineSummary, WapeSummary
 from sglang_prorsa.policy.forecast.admissions import admission_horizon, observed_admissions
 from sglang_prorsa.policy.forecast.bias import SourceBiases
+from sglang_prorsa.policy.forecast.combiner import (
+    COMBINATION,
+    LIFECYCLE,
+    PERSISTENCE,
+    ForecastCombiner,
+    ServedValue,
+    lifecycle_served,
+    served_json,
+)
 from sglang_prorsa.policy.forecast.config import PredictorConfig
 from sglang_prorsa.policy.forecast.grid import grid_step
 from sglang_prorsa.policy.forecast.profile import KVFootprint
@@ -65,13 +88,23 @@ class SourceBreakdown:
 
 
 @dataclass(frozen=True)
+class LifecycleOnly:
+    """The lifecycle forecast before the combination (Appendix B with the bias correction)."""
+
+    prefill_tokens: float  # backlog + bias-corrected predicted arrivals
+    prefill_arrival_tokens: float
+    decode_admission_tokens: float  # observed + bias-corrected predicted
+    decode_kv_tokens: float
+
+
+@dataclass(frozen=True)
 class Forecast:
     t: float
     horizon_s: float
-    prefill_tokens: float  # W_P: backlog + bias-corrected predicted arrivals
-    prefill_arrival_tokens: float  # bias-corrected predicted arrivals only
-    decode_admission_tokens: float  # A_D: observed + bias-corrected predicted
-    decode_kv_tokens: float  # K_D, the same way
+    prefill_tokens: float  # W_P: backlog + served predicted arrivals
+    prefill_arrival_tokens: float  # served predicted arrivals only (combiner.py)
+    decode_admission_tokens: float  # A_D served
+    decode_kv_tokens: float  # K_D: the lifecycle K_D scaled by served / lifecycle A_D
     decode_kv_current_tokens: float  # K_D_t: kappa_D(prompt + generated so far) of requests in decode
     sources: SourceBreakdown
     raw_decode_admission_tokens: float
@@ -88,10 +121,16 @@ class Forecast:
     arrivals: dict = field(default_factory=dict)  # per source: raw, factor, tokens, admitted
     baseline: BaselineSummary | None = None
     admission_horizon_s: float = 0.0
-    decode_observed_tokens: float = 0.0  # the part of A_D from requests queued or in prefill at t
+    decode_observed_tokens: float = 0.0  # the part of the lifecycle A_D from requests queued or in prefill at t
     weight_version: str | None = None
+    lifecycle: LifecycleOnly | None = None
+    served_prefill: ServedValue | None = None  # the combiner's report: member served, every member's forecast
+    served_decode: ServedValue | None = None
 
     def to_dict(self) -> dict:
+        life_admitted = self.decode_admission_tokens if self.lifecycle is None else self.lifecycle.decode_admission_tokens
+        served = served_json(self.served_prefill or lifecycle_served(self.prefill_arrival_tokens),
+                             self.served_decode or lifecycle_served(self.decode_admission_tokens))
         return {
             "t": self.t,
             "horizon_s": self.horizon_s,
@@ -113,12 +152,28 @@ class Forecast:
             "states": self.states,
             "paused": self.paused,
             "arrivals": self.arrivals,
-            "decode": {"observed_tokens": self.decode_observed_tokens,
-                       "predicted_tokens": self.decode_admission_tokens - self.decode_observed_tokens,
+            "decode": {"observed_tokens": self.decode_observed_tokens,  # the lifecycle A_D's split
+                       "predicted_tokens": life_admitted - self.decode_observed_tokens,
                        "admission_horizon_s": self.admission_horizon_s},
             "baseline": self.baseline.to_dict() if self.baseline is not None else None,
             "weight_version": self.weight_version,
-        }
+        } | served
+
+
+def _scaled_kv(life: LifecycleOnly, admitted: float) -> float:
+    """K_D for a served A_D: the lifecycle forecast's KV slots per admitted token (kappa_D's page rounding), 1 when it
+    admits nothing; exactly the lifecycle K_D when the lifecycle A_D is served."""
+    if admitted == life.decode_admission_tokens:
+        return life.decode_kv_tokens
+    if life.decode_admission_tokens > 0:
+        return admitted * (life.decode_kv_tokens / life.decode_admission_tokens)
+    return admitted
+
+
+def _member_forecasts(served: ServedValue | None) -> dict[str, float | None]:
+    if served is None:
+        return {}
+    return {**{m: r.forecast for m, r in served.members.items()}, COMBINATION: served.combination}
 
 
 class _BiasSettings(TypedDict):  # SourceBiases' settings after its sources
@@ -146,6 +201,10 @@ class WorkloadPredictor:
         self._typical_x = 0.0  # mean prompt length of the last forecast's predicted arrivals
         self._factors_at_open: tuple[dict, dict, dict, dict] | None = None
         self._last_factors: tuple[dict, dict, dict, dict] = ({}, {}, {}, {})
+        self._members_at_open: tuple[dict, dict] | None = None  # each member's forecasts for the open window
+        self._launch_at_open = False  # the open window was forecast as a step launch: it scores no member
+        self._step_seen: float | None = None  # start of the last sync step whose arrivals a closed window has seen
+        self._combiner_settings: tuple | None = None
         self._apply_config(self.config)
 
     def _apply_config(self, config: PredictorConfig) -> None:
@@ -159,6 +218,18 @@ class WorkloadPredictor:
                            min_windows=config.bias_gate_min_windows, margin=config.bias_gate_margin)
         self.bias_prefill = SourceBiases(ARRIVAL_SOURCES, **kw)
         self.bias_decode = SourceBiases(ARRIVAL_SOURCES, **kw)
+        settings = (config.horizon_s, config.combiner_members, config.combiner_half_life_windows,
+                    config.combiner_selection_margin, config.combiner_noise_half_life_windows)
+        if settings != self._combiner_settings:  # the members' records hold for the same S and settings only
+            self._combiner_settings = settings
+            make = lambda prior: ForecastCombiner(  # noqa: E731
+                config.combiner_half_life_windows, config.combiner_selection_margin, config.combiner_members,
+                config.combiner_noise_half_life_windows, prior=prior, robust=prior == PERSISTENCE)
+            # Two regimes, each scored on its own windows: steady windows, and windows forecast as a sync step's
+            # launch (the lifecycle forecast is served at the first launch, then whichever member has forecast
+            # launches best: without reward hints the lifecycle one cannot see a step end coming).
+            self.combine_prefill, self.combine_decode = make(PERSISTENCE), make(PERSISTENCE)
+            self.launch_prefill, self.launch_decode = make(LIFECYCLE), make(LIFECYCLE)
 
     def reconfigure(self, config: PredictorConfig) -> None:
         """New trainer settings: learned statistics stay; the open window closes unscored and the bias restarts
@@ -167,6 +238,7 @@ class WorkloadPredictor:
         self._apply_config(config)
         self.next_refresh_at = None
         self._factors_at_open = None
+        self._members_at_open, self._launch_at_open = None, False
 
     # ----- refresh every S (B.8) -----
     def refresh(self, now: float) -> Forecast:
@@ -177,8 +249,22 @@ class WorkloadPredictor:
             cand_p, gated_p, cand_d, gated_d = self._factors_at_open
             self.bias_prefill.observe(record.raw_sources, record.realised_sources, cand_p, gated_p)
             self.bias_decode.observe(record.raw_decode_sources, record.realised_decode_sources, cand_d, gated_d)
+        steps = self.steps
+        if record is not None and record.realised_arrivals > 0 and steps.step_open:
+            self._step_seen = steps.step_started_at  # sync: nothing arrives between steps, so these are this step's
+        if record is not None and self._members_at_open:
+            at_open_prefill, at_open_decode = self._members_at_open
+            if self._launch_at_open and not record.paused:  # a launch window: scored among launches
+                self.launch_prefill.observe(record.realised_arrivals, at_open_prefill)
+                self.launch_decode.observe(record.realised_decode, at_open_decode)
+            elif not self._launch_at_open and not record.boundary:
+                self.combine_prefill.observe(record.realised_arrivals, at_open_prefill)
+                self.combine_decode.observe(record.realised_decode, at_open_decode)
         forecast = self.forecast(now)
         self._factors_at_open = self._last_factors
+        self._members_at_open = (_member_forecasts(forecast.served_prefill), _member_forecasts(forecast.served_decode))
+        self._launch_at_open = self._launch_unseen(now)
+        life = forecast.lifecycle
         self.accuracy.open(
             now,
             now + forecast.horizon_s,
@@ -187,6 +273,8 @@ class WorkloadPredictor:
             backlog=forecast.sources.backlog,
             forecast_decode=forecast.decode_admission_tokens,
             raw_decode=forecast.raw_decode_admission_tokens,
+            lifecycle_arrivals=None if life is None else life.prefill_arrival_tokens,
+            lifecycle_decode=None if life is None else life.decode_admission_tokens,
             states=self.tracker.columns.view("state"),
             paused=self.tracker.paused,
             raw_sources={s: v["raw"] for s, v in forecast.arrivals.items()},
@@ -258,13 +346,26 @@ class WorkloadPredictor:
         sources = SourceBreakdown(sums["sampler"].arrivals, sums["sandbox"].arrivals, w_ready,
                                   sums["tool"].arrivals + sums["decode_return"].arrivals + sums["resend"].arrivals,
                                   w_inflight)
+        life = LifecycleOnly(sources.backlog + arrivals, arrivals, obs.tokens + admitted, obs.kv_tokens + admitted_kv)
+        # the combination (combiner.py); a step launch no series has seen is the lifecycle forecast's alone
+        persist_prefill, persist_decode = self.accuracy.persistence
+        launch = self._launch_unseen(now)
+        prefill_combiner, decode_combiner = ((self.launch_prefill, self.launch_decode) if launch
+                                             else (self.combine_prefill, self.combine_decode))
+        if launch:  # until launches have been compared, the lifecycle forecast only if the steady windows trust it
+            for at_launch, steady in ((self.launch_prefill, self.combine_prefill),
+                                      (self.launch_decode, self.combine_decode)):
+                at_launch.prior = LIFECYCLE if steady.trusts(LIFECYCLE) else PERSISTENCE
+        served_p = prefill_combiner.serve(arrivals, persist_prefill)
+        served_d = decode_combiner.serve(life.decode_admission_tokens, persist_decode)
+        served_kv = _scaled_kv(life, served_d.value)
         return Forecast(
             t=now,
             horizon_s=horizon,
-            prefill_tokens=sources.backlog + arrivals,
-            prefill_arrival_tokens=arrivals,
-            decode_admission_tokens=obs.tokens + admitted,
-            decode_kv_tokens=obs.kv_tokens + admitted_kv,
+            prefill_tokens=sources.backlog + served_p.value,
+            prefill_arrival_tokens=served_p.value,
+            decode_admission_tokens=served_d.value,
+            decode_kv_tokens=served_kv,
             decode_kv_current_tokens=self._decode_kv_now(snap),
             sources=sources,
             raw_decode_admission_tokens=obs.tokens + raw_admitted,
@@ -283,7 +384,20 @@ class WorkloadPredictor:
             admission_horizon_s=admit,
             decode_observed_tokens=obs.tokens,
             weight_version=tr.weight_version,
+            lifecycle=life,
+            served_prefill=served_p,
+            served_decode=served_d,
         )
+
+    def _launch_unseen(self, now: float) -> bool:
+        """Sync steps: between steps (the next launch is coming), or a step launched that no closed window has seen
+        an arrival of yet. Persistence and the series model are blind to both; only the lifecycle forecast models it."""
+        steps = self.steps
+        if not steps.active:
+            return False
+        if steps.gap_phase(now) is not None:
+            return True
+        return steps.step_open and self._step_seen != steps.step_started_at
 
     def _decode_kv_now(self, snap: Snapshot) -> float:
         """K_D_t: prompt plus the tokens generated so far (elapsed decode time x the learned decode speed)."""

@@ -33,7 +33,9 @@ SOURCES = ("sampler", "sandbox", "tool", "decode_return", "resend")
 
 
 def values(fc) -> list[float]:
-    out = [getattr(fc, f) for f in FIELDS]
+    # the lifecycle forecast's values: the served ones (combiner.py) mix in persistence and a series model, which
+    # the speed-ups are not about
+    out = [getattr(fc.lifecycle if hasattr(fc.lifecycle, f) else fc, f) for f in FIELDS]
     out += [fc.arrivals[s]["raw"] for s in SOURCES] + [fc.arrivals[s]["admitted_raw"] for s in SOURCES]
     out += [fc.arrivals[s]["requests"] for s in SOURCES]
     out += [fc.sampler.n_pass, fc.sampler.n_samp, fc.admission_horizon_s]

@@ -222,19 +222,23 @@ def test_refresh_windows_persistence_and_wape():
     clock.set(10.0)
     assert cp.tick()  # [0, 10) closes (0 vs 0); [10, 20) forecasts a: elapsed 5, prior mean 5 s
     q = 1 - math.exp(-2.0)
-    assert cp.predictor.latest.prefill_arrival_tokens == pytest.approx(1000 * q)
+    assert cp.predictor.latest.lifecycle.prefill_arrival_tokens == pytest.approx(1000 * q)
+    # served (combiner.py): no window compared the members yet ([0, 10) had no persistence), so persistence, 0
+    assert cp.predictor.latest.prefill_arrival_tokens == 0.0
     clock.set(13.0)
     post(cp, e("a", "request_arrived", 13, prompt_tokens=1500))
     clock.set(20.0)
     assert cp.tick()  # closes [10, 20): realised 1500 vs 1000 q; persistence said 0 (window [0, 10))
     assert not cp.tick()
     fc = cp.forecast()
-    assert fc.wape.prefill == pytest.approx(abs(1000 * q - 1500) / 1500) and fc.wape.windows == 2
+    assert fc.wape.lifecycle_prefill == pytest.approx(abs(1000 * q - 1500) / 1500) and fc.wape.windows == 2
+    assert fc.wape.prefill == pytest.approx(1.0)  # the served forecast: 0 for 1500
     assert fc.wape.decode is None  # nothing was admitted to decode yet: WAPE is undefined, reported as null
     base = fc.baseline
     assert base.prefill == pytest.approx(1.0) and base.windows == 1  # persistence forecast 0 for 1500
     assert base.prefill_arrival_tokens == 1500  # its forecast for [20, 30): what [10, 20) saw
-    assert base.forecast_prefill == pytest.approx(abs(1000 * q - 1500) / 1500)
+    assert base.forecast_prefill == pytest.approx(1.0)  # served, on persistence's windows
+    assert base.lifecycle_prefill == pytest.approx(abs(1000 * q - 1500) / 1500)
     assert fc.bias_prefill == 1.0  # two scored windows: the gate needs bias_gate_min_windows before any correction
     d = fc.to_dict()
     for key in ("t", "horizon_s", "prefill_tokens", "prefill_arrival_tokens", "decode_admission_tokens",
@@ -244,7 +248,7 @@ def test_refresh_windows_persistence_and_wape():
     assert set(d["sources"]) == {"sampler", "sandbox", "ready", "tool", "inflight"}
     assert set(d["wape"]) >= {"prefill", "decode"} and d["horizon_s"] == 10.0
     assert d["baseline"]["method"] == "persistence" and d["baseline"]["wape"]["prefill"] == pytest.approx(1.0)
-    assert d["baseline"]["ratio"]["prefill"] == pytest.approx(abs(1000 * q - 1500) / 1500)
+    assert d["baseline"]["ratio"]["prefill"] == pytest.approx(1.0)
 
 
 def test_config_updates_validate_fields():
