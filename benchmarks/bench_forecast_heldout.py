@@ -10,26 +10,14 @@ batches (``POST /lifecycle {"events": [...]}``) and at every boundary t_k = k*S 
 exact-probability floor (workload/oracle.py, FloorOracle) forecasts the same windows in this process from the full
 event stream.
 
-The server: the real control plane as a subprocess on 127.0.0.1. On the wall clock (``python -m
-sglang_prorsa.control_plane``, the default) windows close when wall time passes their end and ``?at=`` only moves
-the forecast's instant, so a trace in simulated time could only be replayed in real time. Two servers replay it
-faster, with the same app (``sglang_prorsa.control_plane.build_app``: the same routes and control plane) on a clock
-that follows the trace:
-
-* ``cli``: ``python -m sglang_prorsa.control_plane --clock trace`` where it offers that (events and ``?at=`` move the
-  clock, every window closes at its scheduled end, ``POST /lifecycle/reset`` starts a new replay);
-* ``harness``: this script's own ``--serve``: ``GET /prorsa/forecast?at=t`` first moves the clock to t (so the windows
-  due by t close and the forecast is made at t), each ``POST /lifecycle`` moves it to the ``X-Replay-Clock`` header
-  (the batch's last event time), and ``POST /replay/reset`` replaces the control plane behind the routes with a
-  fresh one.
-
-``--server auto`` (the default) takes ``cli`` where it exists; both gave identical WAPEs on the settings compared.
-One server serves every setting, reset before each (a fresh tracker, predictor and clock; starting a process costs
-~5-8 s of imports here, a reset milliseconds); ``--server-per-setting`` starts one per setting instead (the same
-numbers). The background refresher (a forecast every 0.25 s of wall time) is off: replayed ~100x faster than real
-time it would fire at arbitrary points of the trace, and each forecast it makes moves state the next forecast reads
-(the admission horizon's load estimate), so decode WAPE would vary from run to run (``--refresher``, harness only,
-turns it on). Without it the served WAPEs equal those of the in-process replay (workload/replay.py) exactly.
+The server: the real control plane as a subprocess on 127.0.0.1, on the trace's clock (``python -m
+sglang_prorsa.control_plane --clock trace``: events and ``?at=`` move the clock, every window closes at its scheduled
+end, ``POST /lifecycle/reset`` starts a new replay). One server serves every setting, reset before each (a fresh
+tracker, predictor and clock; starting a process costs ~5-8 s of imports here, a reset milliseconds);
+``--server-per-setting`` starts one per setting instead (the same numbers). No background refresher runs on a trace
+clock: replayed ~100x faster than real time it would fire at arbitrary points of the trace, and each forecast moves
+state the next one reads (the admission horizon's load estimate). The served WAPEs equal those of the in-process
+replay (workload/replay.py) exactly.
 
 Scoring. WAPE = sum |forecast - realised| / sum realised over 10 s windows (SPEC.md "Accuracy"); the served forecast's
 ratio to persistence is the server's own (``baseline.ratio``: both on the windows where persistence exists), a
@@ -41,8 +29,7 @@ forecast differs a little, because the GET's answer is the second forecast at t_
 a forecast's admission horizon reads the load estimate the forecast before it left.
 
     PYTHONSAFEPATH=1 PYTHONPATH=. python benchmarks/bench_forecast_heldout.py [--quick] [--settings FILE]
-        [--only ID,...] [--duration S] [--out DIR] [--server auto|cli|harness] [--server-per-setting]
-        [--refresher]
+        [--only ID,...] [--duration S] [--out DIR] [--server-per-setting]
 
 Writes ``heldout.json`` (every setting's seed and parameters, its WAPEs and ratios, the summary, wall times),
 ``heldout.png`` and ``heldout.md`` under ``--out`` (default ``benchmarks/results/forecast_heldout``; ``--quick``
@@ -64,7 +51,6 @@ import time
 from pathlib import Path
 
 import orjson
-from fastapi import Request  # at module level: FastAPI resolves the routes' (string) annotations in these globals
 
 from sglang_prorsa.policy.horizon import DEFAULT_HORIZON_S
 from sglang_prorsa.policy.lifecycle.events import EventKind
@@ -84,125 +70,27 @@ QUICK_COUNT, QUICK_DURATION_S = 12, 1500.0
 log = logging.getLogger("bench_forecast_heldout")
 
 
-# ----- the server (a subprocess: --serve) -----
-class TraceClock:
-    """A clock that only moves forward, when the replay says where the trace is."""
-
-    def __init__(self) -> None:
-        self._t = 0.0
-
-    def now(self) -> float:
-        return self._t
-
-    def advance(self, t: float) -> None:
-        if math.isfinite(t) and t > self._t:
-            self._t = t
-
-
-class CurrentPlane:
-    """What the routes hold as their control plane: forwards to the current setting's one (``reset`` replaces it)."""
-
-    def __init__(self, horizon_s: float, refresher: bool) -> None:
-        self._refresher = refresher
-        self._interval_s: float | None = None
-        self._make(horizon_s)
-
-    def _make(self, horizon_s: float) -> None:
-        from sglang_prorsa.policy.control_plane import LifecycleControlPlane
-        from sglang_prorsa.policy.forecast.config import PredictorConfig
-
-        self.clock = TraceClock()
-        self.plane = LifecycleControlPlane(self.clock, PredictorConfig(horizon_s=horizon_s))
-
-    def __getattr__(self, name: str):
-        return getattr(self.plane, name)
-
-    def start(self, interval_s: float) -> None:  # the app's lifespan starts the refresher
-        self._interval_s = interval_s
-        if self._refresher:
-            self.plane.start(interval_s)
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self.plane.stop(timeout_s)
-
-    def reset(self, horizon_s: float) -> None:
-        self.plane.stop()
-        self._make(horizon_s)
-        if self._refresher and self._interval_s is not None:
-            self.plane.start(self._interval_s)
-
-
-def serve(port: int, horizon_s: float, refresher: bool) -> int:
-    import uvicorn
-    from fastapi.responses import JSONResponse
-
-    from sglang_prorsa.control_plane import build_app
-
-    current = CurrentPlane(horizon_s, refresher)
-    app = build_app(current)  # type: ignore[arg-type]  # the real app: its routes and lifespan
-
-    @app.middleware("http")
-    async def follow_the_trace(request: Request, call_next):
-        if request.url.path == "/prorsa/forecast" and "at" in request.query_params:
-            try:
-                current.clock.advance(float(request.query_params["at"]))
-            except ValueError:
-                pass  # the route answers 422
-        elif request.url.path == "/lifecycle" and "x-replay-clock" in request.headers:
-            current.clock.advance(float(request.headers["x-replay-clock"]))
-        return await call_next(request)
-
-    @app.post("/replay/reset")
-    async def reset(request: Request) -> JSONResponse:
-        body = await request.json()
-        current.reset(float(body.get("horizon_s", horizon_s)))
-        return JSONResponse({"ok": True, "horizon_s": current.plane.config.horizon_s})
-
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
-    return 0
-
-
-def cli_has_trace_clock() -> bool:
-    """Whether ``python -m sglang_prorsa.control_plane`` offers ``--clock trace`` (time from the trace, ``POST
-    /lifecycle/reset``)."""
-    try:
-        from sglang_prorsa.policy.clock import TraceClock  # noqa: F401
-        from sglang_prorsa.policy.control_plane import LifecycleControlPlane
-    except ImportError:
-        return False
-    return hasattr(LifecycleControlPlane, "reset")
-
-
+# ----- the server -----
 class Server:
-    """The server subprocess on 127.0.0.1, ended by its PID: ``cli`` is ``python -m sglang_prorsa.control_plane
-    --clock trace``, ``harness`` this script's ``--serve``."""
+    """``python -m sglang_prorsa.control_plane --clock trace`` on 127.0.0.1, ended by its PID."""
 
-    def __init__(self, kind: str, horizon_s: float, refresher: bool) -> None:
+    def __init__(self, horizon_s: float) -> None:
         import requests
 
         from sglang_prorsa.srt.utils.processes import free_port, start
 
-        self.kind = kind
         self.port = free_port()
         started = time.perf_counter()
-        if kind == "cli":
-            args = ["--host", "127.0.0.1", "--port", str(self.port), "--horizon", str(horizon_s), "--clock", "trace"]
-            self.proc = start(args, name=f"heldout-{self.port}", port=self.port, env={"PYTHONPATH": str(ROOT)},
-                              module="sglang_prorsa.control_plane")
-        else:
-            args = ["--serve", "--port", str(self.port), "--horizon", str(horizon_s)] + (["--refresher"] if refresher
-                                                                                        else [])
-            env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")])}
-            self.proc = start(args, name=f"heldout-{self.port}", port=self.port, env=env,
-                              module="bench_forecast_heldout")
+        args = ["--host", "127.0.0.1", "--port", str(self.port), "--horizon", str(horizon_s), "--clock", "trace"]
+        self.proc = start(args, name=f"heldout-{self.port}", port=self.port, env={"PYTHONPATH": str(ROOT)},
+                          module="sglang_prorsa.control_plane")
         self.ready_s = self.proc.wait_ready(timeout=300.0)
         self.start_wall_s = time.perf_counter() - started
         self.url = self.proc.url
         self.session = requests.Session()
 
     def reset(self, horizon_s: float) -> None:
-        path = "/lifecycle/reset" if self.kind == "cli" else "/replay/reset"
-        self.session.post(f"{self.url}{path}", json={"horizon_s": horizon_s}, timeout=60).raise_for_status()
+        self.session.post(f"{self.url}/lifecycle/reset", timeout=60).raise_for_status()
 
     def stop(self) -> None:
         self.session.close()
@@ -236,7 +124,6 @@ def run_setting(server: Server, params: dict, duration_s: float, horizon_s: floa
     sim = RolloutSimulator(spec, seed, duration_s)
 
     batch: list[dict] = []
-    last_ts = 0.0
     posted = rejected_posts = 0
     prompt_of: dict[str, int] = {}
     realised = [0.0, 0.0]
@@ -250,7 +137,7 @@ def run_setting(server: Server, params: dict, duration_s: float, horizon_s: floa
             return
         t0 = time.perf_counter()
         r = session.post(f"{url}/lifecycle", data=orjson.dumps({"events": batch}), timeout=120,
-                         headers={"Content-Type": "application/json", "X-Replay-Clock": repr(last_ts)})
+                         headers={"Content-Type": "application/json"})
         r.raise_for_status()
         answer = r.json()
         posted += answer["received"]
@@ -294,7 +181,6 @@ def run_setting(server: Server, params: dict, duration_s: float, horizon_s: floa
         if kind in drop:
             continue
         batch.append((engine_view(event) if strip else event).to_dict())
-        last_ts = event.ts
         if len(batch) >= BATCH_EVENTS:
             flush()
     while duration_s >= next_tick:
@@ -491,16 +377,7 @@ def main() -> int:
     parser.add_argument("--horizon", type=float, default=DEFAULT_HORIZON_S)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--server-per-setting", action="store_true", help="a fresh server process for each setting")
-    parser.add_argument("--server", choices=("auto", "cli", "harness"), default="auto",
-                        help="cli: python -m sglang_prorsa.control_plane --clock trace; harness: this script's own "
-                             "server (the same app on a trace clock); auto: cli where it offers --clock trace")
-    parser.add_argument("--refresher", action="store_true", help="serve with the background refresher (a forecast "
-                        "every 0.25 s of wall time; decode WAPE then depends on the timing)")
-    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve:
-        return serve(args.port, args.horizon, refresher=args.refresher)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     document = json.loads(args.settings.read_text())
     settings = document["settings"]
@@ -520,12 +397,7 @@ def main() -> int:
 
     started = time.perf_counter()
     tree = _tree()  # the server imports the forecast code once, when it starts: record what it read
-    kind = args.server
-    if kind == "auto":
-        kind = "cli" if cli_has_trace_clock() and not args.refresher else "harness"
-    if kind == "cli" and args.refresher:
-        parser.error("--refresher needs --server harness (the CLI runs none on a trace clock)")
-    server = None if args.server_per_setting else Server(kind, args.horizon, args.refresher)
+    server = None if args.server_per_setting else Server(args.horizon)
     starts = [server.start_wall_s] if server else []
     rows = []
     try:
@@ -534,7 +406,7 @@ def main() -> int:
             bar.set_postfix_str(p["id"])
             own = None
             if server is None:
-                own = Server(kind, args.horizon, args.refresher)
+                own = Server(args.horizon)
                 starts.append(own.start_wall_s)
             try:
                 row = run_setting(server or own, p, duration or p["duration_s"], args.horizon)
@@ -553,11 +425,11 @@ def main() -> int:
             server.stop()
     wall = time.perf_counter() - started
     fields = {k: any(r["fields"][k] for r in rows) for k in ("served", "members")}
-    meta = {"wall_s": wall, "server": kind, "server_start_s": sum(starts), "server_starts": len(starts), "fields": fields,
+    meta = {"wall_s": wall, "server": "cli", "server_start_s": sum(starts), "server_starts": len(starts), "fields": fields,
             "settings_file": str(args.settings.relative_to(ROOT) if args.settings.is_relative_to(ROOT) else
                                  args.settings),
             "settings_seed": document.get("seed"), "horizon_s": args.horizon, "quick": args.quick,
-            "duration_override_s": duration, "refresher": args.refresher,
+            "duration_override_s": duration, "refresher": False,
             "server_per_setting": args.server_per_setting, "python": platform.python_version(),
             "load_average_at_end": os.getloadavg(), "commit": _commit(), **tree}
     summary = summarise(rows)
