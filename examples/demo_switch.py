@@ -13,10 +13,11 @@ Agentic episodes (lifecycle hints on POST /lifecycle, greedy POST /generate carr
 
 It prints the forecast (W^P: prefill tokens expected within the horizon; K^D: decode KV tokens), every control decision
 (demand in instances, Eq. 1's target, why it holds) and every switch. When the tool-loop sandboxes start, the forecast
-counts their first prompts before any of them is sent; the controller's prefill demand passes one instance, Eq. 1 asks
-for 2 prefill : 1 decode, and it switches a *busy* decode instance to prefill: the requests decoding on it are taken
-off and resumed elsewhere from their KV, and every caller still gets one complete answer. At the end: a summary, a
-role-timeline PNG and the raw timeline as JSON.
+counts their first prompts before any of them is sent (a surge: announced prompts far above the recent arrivals, so
+the lifecycle forecast is served, not the window series that cannot have seen them); the controller's prefill demand
+passes one instance, Eq. 1 asks for 2 prefill : 1 decode, and it switches a *busy* decode instance to prefill: the
+requests decoding on it are taken off and resumed elsewhere from their KV, and every caller still gets one complete
+answer. At the end: a summary, a role-timeline PNG and the raw timeline as JSON.
 
 Before it starts it puts the server back to 1 prefill : 2 decode (if an earlier run left 2 : 1) and empties the prefix
 caches (POST /flush_cache): the controller counts cached KV on decode instances as decode demand. Exit status 0 when a
@@ -231,6 +232,7 @@ async def watch(client: httpx.AsyncClient, run: Run, stop: asyncio.Event, base: 
         status = {i["instance"]: i["status"] for i in inst["instances"]}
         sample = {"t": round(run.now(), 2), "phase": run.phase()[0], "roles": roles, "status": status,
                   "W_P": fc.get("prefill_tokens") or 0, "K_D": fc.get("decode_kv_tokens") or 0,
+                  "served": (fc.get("served") or {}).get("prefill") or {},
                   "in_flight": dict(run.in_flight)}
         run.timeline.append(sample)
         if d and d["time_s"] != last_t and d["time_s"] >= run.t0:  # a decision made since the demo started
@@ -266,9 +268,10 @@ async def watch(client: httpx.AsyncClient, run: Run, stop: asyncio.Event, base: 
         if sample["t"] - last_line >= 5:
             last_line = sample["t"]
             n_p = sum(r == "prefill" for r in roles.values())
+            served = sample["served"]
             run.say(f"{sample['phase']:<18} roles {n_p}P:{len(roles) - n_p}D  forecast W^P {sample['W_P']:>7,.0f} tok"
-                    f"  K^D {sample['K_D']:>7,.0f} tok  requests in flight {sum(run.in_flight.values()):>3}, "
-                    f"answered {run.answered}/{run.sent}")
+                    f" ({served.get('member', '?')}, {served.get('regime', '?')})  K^D {sample['K_D']:>7,.0f} tok"
+                    f"  requests in flight {sum(run.in_flight.values()):>3}, answered {run.answered}/{run.sent}")
         try:
             await asyncio.wait_for(stop.wait(), 1.0)
         except asyncio.TimeoutError:
@@ -434,7 +437,8 @@ async def main_async(args: argparse.Namespace) -> int:
     print(f"  role timeline        {out / 'roles.png'}")
     print(f"  raw timeline         {out / 'timeline.json'}  (every poll, decision, switch and request)")
     print("  look at: the 'controller:' line where the prefill demand passes 1 instance and the target turns\n"
-          "  2P:1D (the forecast counts the tool-loop prompts while their sandboxes start, before any is sent), the\n"
+          "  2P:1D (the forecast counts the tool-loop prompts while their sandboxes start, before any is sent: the\n"
+          "  forecast lines say 'lifecycle, surge', the member served and its regime; docs/forecast.md), the\n"
           "  SWITCHED line after it (requests taken off a busy decode instance, resumed elsewhere), and in roles.png\n"
           "  the instance that turns from green to orange as W^P jumps.")
     if lost or errors:

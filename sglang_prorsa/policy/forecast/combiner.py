@@ -267,12 +267,13 @@ def lifecycle_served(value: float) -> ServedValue:
     return ServedValue(LIFECYCLE, value, reports)
 
 
-def served_json(prefill: ServedValue, decode: ServedValue) -> dict:
-    """The ``served`` and ``members`` objects of ``/prorsa/forecast``."""
+def served_json(prefill: ServedValue, decode: ServedValue, regime: str = "steady") -> dict:
+    """The ``served`` and ``members`` objects of ``/prorsa/forecast`` (``regime``: whose combiners served)."""
     return {
         "served": {"prefill": {"member": prefill.member, "arrival_tokens": prefill.value,
-                               "guarded": prefill.guarded},
-                   "decode": {"member": decode.member, "admission_tokens": decode.value, "guarded": decode.guarded}},
+                               "guarded": prefill.guarded, "regime": regime},
+                   "decode": {"member": decode.member, "admission_tokens": decode.value, "guarded": decode.guarded,
+                              "regime": regime}},
         "members": {"prefill": {m: r.to_dict() for m, r in prefill.members.items()},
                     "decode": {m: r.to_dict() for m, r in decode.members.items()}},
     }

@@ -67,6 +67,7 @@ class PredictorConfig:
     tool_prior_s: float = 5.0
     ready_wait_prior_s: float = 0.5
     post_tool_prior_s: float = 0.5
+    handoff_prior_s: float = 0.5  # decode_end -> tool_start: the trainer's hint follows the response
     decode_prior_s: float = 10.0
     resend_prior_s: float = 1.0
     train_gap_prior_s: float = 60.0  # sync: last reward of a step -> the next step's first sample
@@ -127,6 +128,13 @@ class PredictorConfig:
                 "per_token2_s": prof.per_token2_s,
             },
             "kv_page_size": self.kv_page_size,
+            # the other settings POST /lifecycle/config takes: what GET returns posts back unchanged
+            "tool_ema_alpha": self.tool_ema_alpha,
+            "bias_enabled": self.bias_enabled,
+            "combiner_members": list(self.combiner_members),
+            "combiner_half_life_windows": self.combiner_half_life_windows,
+            "combiner_selection_margin": self.combiner_selection_margin,
+            "combiner_noise_half_life_windows": self.combiner_noise_half_life_windows,
         }
 
 

@@ -6,6 +6,16 @@ complete sample's hazard (grid.py, ``GridCurve``). Everything but the live items
 a duration, so that part is computed once per history: a refresh adds the live items' at-risk counts and takes the
 product. The numbers are those of ``GridCurve`` built from the summed histograms (tests/unit/policy/forecast/
 test_refresh_helpers.py checks them bit for bit).
+
+The tail (beyond the last completion L, where the product limit carries no information) is an exponential whose mean
+is the class's completed mean lengthened by the time the live and censored items have spent past L (``tail_mean``):
+the posterior mean of an exponential's 1 / rate with one pseudo-completion at the completed mean, given that much
+time at risk and no completion. Beyond the paper, which uses exponential priors only before any completion: with
+the completed mean alone, a trajectory that will never come back -- its episode ended and the trainer sends no
+reward hint -- kept a constant chance of returning in every window, and thousands of them made the lifecycle
+forecast 100x the realised arrivals. A class whose items rarely outlive L keeps about its completed mean.
+
+    tail_mean = mean + dt * sum_{k > L} (k - L) * (censored_k + live_k)
 """
 
 from __future__ import annotations
@@ -37,10 +47,17 @@ class CurveHistory:
         nz = np.flatnonzero(late_events)
         self.late_last = int(nz[-1]) if nz.size else -1
         self.late_hazard = product_limit_hazard(late_events, late_censored, max(late_events.size, late_censored.size))
+        self.censored = late_censored  # every censored duration kept: their time at risk past L lengthens the tail
 
-    def curve(self, live: np.ndarray | None, splice_at: int | None, dt: float, tail_mean_s: float) -> GridCurve:
+    def tail_mean(self, live: np.ndarray | None, last: int, dt: float, completed_mean_s: float) -> float:
+        """The tail exponential's mean in seconds past grid point ``last`` (module docstring)."""
+        exposure = _exposure_past(self.censored, last) + (_exposure_past(live, last) if live is not None else 0.0)
+        return completed_mean_s + dt * exposure
+
+    def curve(self, live: np.ndarray | None, splice_at: int | None, dt: float, completed_mean_s: float) -> GridCurve:
         """The curve with ``live`` (a histogram of the live items' censoring points) censored too; beyond grid point
-        ``splice_at`` (None: nowhere) the complete sample's hazard, and no live items."""
+        ``splice_at`` (None: nowhere) the complete sample's hazard, and no live items. Its tail: ``tail_mean``
+        with every live item's time at risk (those beyond the splice included)."""
         points = self.event_points
         if splice_at is None:
             last = points[-1] if points else -1
@@ -50,6 +67,7 @@ class CurveHistory:
             i = bisect.bisect_right(points, splice_at)
             last = points[i - 1] if i else -1
         n = last + 1
+        tail_mean_s = self.tail_mean(live, max(last, 0), dt, completed_mean_s)
         if n == 0:
             return GridCurve.from_survival(np.empty(0), -1, dt, tail_mean_s)
         at_risk = np.zeros(n)
@@ -71,3 +89,11 @@ class CurveHistory:
             hazard[splice_at + 1:m] = late[splice_at + 1:m]
             hazard[m:] = 0.0  # beyond the complete sample's histograms: no completion, nobody at risk
         return GridCurve.from_survival(np.cumprod(1.0 - hazard), last, dt, tail_mean_s)
+
+
+def _exposure_past(hist: np.ndarray, point: int) -> float:
+    """Grid time at risk past ``point`` of the durations counted in ``hist``: sum_{k > point} (k - point) * hist[k]."""
+    if hist.size <= point + 1:
+        return 0.0
+    past = hist[point + 1:]
+    return float(np.dot(past, np.arange(1, past.size + 1, dtype=np.float64)))

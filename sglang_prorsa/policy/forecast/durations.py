@@ -142,7 +142,8 @@ class DurationClass:
         curve = self._curves[2]
         if curve is None:
             _, _, ev_all, ce_all = self.histograms(dt)
-            curve = GridCurve(ev_all, ce_all, dt, self.mean)
+            nz = np.flatnonzero(ev_all)
+            curve = GridCurve(ev_all, ce_all, dt, history.tail_mean(None, int(nz[-1]) if nz.size else 0, dt, self.mean))
             self._curves = (dt, history, curve)
         return curve
 

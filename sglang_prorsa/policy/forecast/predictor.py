@@ -24,13 +24,16 @@ expected (no step running) or under way but not yet seen (no closed window has h
 sample) form a second regime with combiners of their own: the steady window series cannot see a launch coming, so
 launches are scored only against launches. The lifecycle forecast is served at the first launches unless the steady
 windows have trimmed it (a lifecycle forecast that misses steady windows by far -- no reward hints, say -- was seen
-to forecast a launch 40x too large); once launches have been compared, the member that forecast them best (without reward hints the lifecycle one cannot see a step end coming, and the
-Kalman filter of the launch windows learns their usual size).
+to forecast a launch 40x too large); once launches have been compared, the member that forecast them best (without
+reward hints the lifecycle one cannot see a step end coming, and the Kalman filter of the launch windows learns their
+usual size). A third regime, the surge (``surging``), holds windows forecast while first prompts already announced
+by sandbox starts exceed SURGE_FACTOR times the series' level: the lifecycle forecast is served at the first surges,
+then the member that forecast surges best.
 
 ``refresh(now)`` is the every-S step: it closes the accuracy window that just ended (scores it against the forecast
 and against persistence), updates the corrections from its per-source residuals, scores the members of the regime
-the window was forecast in (a steady window only when no pause or step boundary touched it, a launch window unless
-paused) and moves that regime's Kalman filters on, then opens the next window with
+the window was forecast in (a launch window unless paused, the others only when no pause or step boundary touched
+them) and moves that regime's Kalman filters on, then opens the next window with
 the new forecast. The refresh is vectorised (snapshot.py): the live trajectories sorted by state once, a few dozen numpy
 passes over them (O(live)), small tables per duration class; no Python loop over trajectories.
 """
@@ -64,6 +67,9 @@ from sglang_prorsa.policy.forecast.steps import StepModel
 from sglang_prorsa.policy.forecast.terms import ArrivalTerms, Snapshot
 from sglang_prorsa.policy.lifecycle.states import TrajState
 from sglang_prorsa.policy.lifecycle.tracker import Phase, TrajectoryTracker
+
+STEADY, LAUNCH, SURGE = "steady", "launch", "surge"  # the regimes of a forecast window (combiner per regime)
+SURGE_FACTOR = 3.0  # announced first prompts over the series' level that make a surge (combiner.DISAGREEMENT_FACTOR)
 
 
 @dataclass(frozen=True)
@@ -126,11 +132,12 @@ class Forecast:
     lifecycle: LifecycleOnly | None = None
     served_prefill: ServedValue | None = None  # the combiner's report: member served, every member's forecast
     served_decode: ServedValue | None = None
+    regime: str = STEADY  # STEADY | LAUNCH | SURGE: whose combiners served this forecast
 
     def to_dict(self) -> dict:
         life_admitted = self.decode_admission_tokens if self.lifecycle is None else self.lifecycle.decode_admission_tokens
         served = served_json(self.served_prefill or lifecycle_served(self.prefill_arrival_tokens),
-                             self.served_decode or lifecycle_served(self.decode_admission_tokens))
+                             self.served_decode or lifecycle_served(self.decode_admission_tokens), self.regime)
         return {
             "t": self.t,
             "horizon_s": self.horizon_s,
@@ -170,6 +177,17 @@ def _scaled_kv(life: LifecycleOnly, admitted: float) -> float:
     return admitted
 
 
+def surging(announced: float, persisted: float | None, level: float | None) -> bool:
+    """Whether first prompts already announced (trajectories whose sandbox is starting, B.3's term, bias-corrected)
+    exceed ``SURGE_FACTOR`` times the larger of the last window's realised arrivals and the steady Kalman level: new
+    work the window series cannot have seen. Beyond the paper: a steady load's sandbox starts are part of the series
+    (a fraction of it), so only a jump in them makes a surge; from an idle series any announced prompt does."""
+    if not (math.isfinite(announced) and announced > 0.0):
+        return False
+    base = max((v for v in (persisted, level) if v is not None and math.isfinite(v)), default=0.0)
+    return announced > SURGE_FACTOR * base
+
+
 def _member_forecasts(served: ServedValue | None) -> dict[str, float | None]:
     if served is None:
         return {}
@@ -202,7 +220,7 @@ class WorkloadPredictor:
         self._factors_at_open: tuple[dict, dict, dict, dict] | None = None
         self._last_factors: tuple[dict, dict, dict, dict] = ({}, {}, {}, {})
         self._members_at_open: tuple[dict, dict] | None = None  # each member's forecasts for the open window
-        self._launch_at_open = False  # the open window was forecast as a step launch: it scores no member
+        self._regime_at_open = STEADY  # the regime the open window was forecast in: its members are scored there
         self._step_seen: float | None = None  # start of the last sync step whose arrivals a closed window has seen
         self._combiner_settings: tuple | None = None
         self._apply_config(self.config)
@@ -225,11 +243,13 @@ class WorkloadPredictor:
             make = lambda prior: ForecastCombiner(  # noqa: E731
                 config.combiner_half_life_windows, config.combiner_selection_margin, config.combiner_members,
                 config.combiner_noise_half_life_windows, prior=prior, robust=prior == PERSISTENCE)
-            # Two regimes, each scored on its own windows: steady windows, and windows forecast as a sync step's
-            # launch (the lifecycle forecast is served at the first launch, then whichever member has forecast
-            # launches best: without reward hints the lifecycle one cannot see a step end coming).
+            # Three regimes, each scored on its own windows: steady windows, windows forecast as a sync step's
+            # launch, and windows forecast while announced first prompts surge (sandboxes starting). In the last
+            # two the lifecycle forecast is served first, then whichever member has forecast that regime best
+            # (without reward hints the lifecycle one cannot see a step end coming).
             self.combine_prefill, self.combine_decode = make(PERSISTENCE), make(PERSISTENCE)
             self.launch_prefill, self.launch_decode = make(LIFECYCLE), make(LIFECYCLE)
+            self.surge_prefill, self.surge_decode = make(LIFECYCLE), make(LIFECYCLE)
 
     def reconfigure(self, config: PredictorConfig) -> None:
         """New trainer settings: learned statistics stay; the open window closes unscored and the bias restarts
@@ -238,7 +258,7 @@ class WorkloadPredictor:
         self._apply_config(config)
         self.next_refresh_at = None
         self._factors_at_open = None
-        self._members_at_open, self._launch_at_open = None, False
+        self._members_at_open, self._regime_at_open = None, STEADY
 
     # ----- refresh every S (B.8) -----
     def refresh(self, now: float) -> Forecast:
@@ -254,16 +274,17 @@ class WorkloadPredictor:
             self._step_seen = steps.step_started_at  # sync: nothing arrives between steps, so these are this step's
         if record is not None and self._members_at_open:
             at_open_prefill, at_open_decode = self._members_at_open
-            if self._launch_at_open and not record.paused:  # a launch window: scored among launches
-                self.launch_prefill.observe(record.realised_arrivals, at_open_prefill)
-                self.launch_decode.observe(record.realised_decode, at_open_decode)
-            elif not self._launch_at_open and not record.boundary:
-                self.combine_prefill.observe(record.realised_arrivals, at_open_prefill)
-                self.combine_decode.observe(record.realised_decode, at_open_decode)
+            regime = self._regime_at_open
+            # a launch window is scored among launches unless paused, the others unless a pause or a step boundary
+            # touched them (``boundary`` includes a pause)
+            if (not record.paused) if regime == LAUNCH else (not record.boundary):
+                prefill_combiner, decode_combiner = self._combiners(regime)
+                prefill_combiner.observe(record.realised_arrivals, at_open_prefill)
+                decode_combiner.observe(record.realised_decode, at_open_decode)
         forecast = self.forecast(now)
         self._factors_at_open = self._last_factors
         self._members_at_open = (_member_forecasts(forecast.served_prefill), _member_forecasts(forecast.served_decode))
-        self._launch_at_open = self._launch_unseen(now)
+        self._regime_at_open = forecast.regime
         life = forecast.lifecycle
         self.accuracy.open(
             now,
@@ -347,12 +368,11 @@ class WorkloadPredictor:
                                   sums["tool"].arrivals + sums["decode_return"].arrivals + sums["resend"].arrivals,
                                   w_inflight)
         life = LifecycleOnly(sources.backlog + arrivals, arrivals, obs.tokens + admitted, obs.kv_tokens + admitted_kv)
-        # the combination (combiner.py); a step launch no series has seen is the lifecycle forecast's alone
+        # the combination (combiner.py), in the regime of this window
         persist_prefill, persist_decode = self.accuracy.persistence
-        launch = self._launch_unseen(now)
-        prefill_combiner, decode_combiner = ((self.launch_prefill, self.launch_decode) if launch
-                                             else (self.combine_prefill, self.combine_decode))
-        if launch:  # until launches have been compared, the lifecycle forecast only if the steady windows trust it
+        regime = self._regime(now, f_p["sandbox"] * sums["sandbox"].arrivals, persist_prefill)
+        prefill_combiner, decode_combiner = self._combiners(regime)
+        if regime == LAUNCH:  # until launches have been compared, the lifecycle forecast only if steady windows trust it
             for at_launch, steady in ((self.launch_prefill, self.combine_prefill),
                                       (self.launch_decode, self.combine_decode)):
                 at_launch.prior = LIFECYCLE if steady.trusts(LIFECYCLE) else PERSISTENCE
@@ -387,7 +407,23 @@ class WorkloadPredictor:
             lifecycle=life,
             served_prefill=served_p,
             served_decode=served_d,
+            regime=regime,
         )
+
+    def _combiners(self, regime: str) -> tuple[ForecastCombiner, ForecastCombiner]:
+        if regime == LAUNCH:
+            return self.launch_prefill, self.launch_decode
+        if regime == SURGE:
+            return self.surge_prefill, self.surge_decode
+        return self.combine_prefill, self.combine_decode
+
+    def _regime(self, now: float, announced: float, persisted: float | None) -> str:
+        """LAUNCH (``_launch_unseen``), SURGE (``surging``) or STEADY."""
+        if self._launch_unseen(now):
+            return LAUNCH
+        if surging(announced, persisted, self.combine_prefill.kalman.forecast):
+            return SURGE
+        return STEADY
 
     def _launch_unseen(self, now: float) -> bool:
         """Sync steps: between steps (the next launch is coming), or a step launched that no closed window has seen

@@ -30,6 +30,7 @@ CONTINUE_SHRINK = 8.0  # pseudo-observations pulling a fine class's tool probabi
 _MODE_NAMES = {0: SandboxMode.PREWARM.value, 1: SandboxMode.COLD.value}
 # module constants: ``TrajState.TOOL`` is a slow class-attribute look-up on the event path (Python 3.11)
 _TOOL, _TOOL_DONE, _INTERRUPTED = TrajState.TOOL, TrajState.TOOL_DONE, TrajState.INTERRUPTED
+_DECODED = TrajState.DECODED
 _SANDBOX_STARTING, _SANDBOX_READY = TrajState.SANDBOX_STARTING, TrajState.SANDBOX_READY
 
 
@@ -112,6 +113,7 @@ class LifecycleStatistics(TrackerObserver):
             Phase.READY_WAIT: DurationStore("ready_wait", [("task",), ()], config.ready_wait_prior_s, **kw),
             Phase.DECODE: DurationStore("decode", [("task",), ()], config.decode_prior_s, **kw),
             Phase.DECODE_RETURN: DurationStore("decode_return", [("task",), ()], config.tool_prior_s, **kw),
+            Phase.HANDOFF: DurationStore("handoff", [("task",), ()], config.handoff_prior_s, **kw),
             Phase.TOOL_RETURN: DurationStore("tool_return", [("task", "tool"), ("task",), ()], config.tool_prior_s, **kw),
             Phase.TOOL: DurationStore("tool", [("task", "tool"), ("task",), ()], config.tool_prior_s, **kw),
             Phase.POST_TOOL: DurationStore("post_tool", [("task",), ()], config.post_tool_prior_s, **kw),
@@ -127,6 +129,7 @@ class LifecycleStatistics(TrackerObserver):
         # how often the trainer reports the end of a tool / a ready sandbox before the request: [reported, seen]
         self.tool_end_reported = [0, 0]
         self.sandbox_ready_reported = [0, 0]
+        self.tool_start_reported = [0, 0]  # turns that continued: through a reported tool_start / all
 
     # ----- ids of a trajectory in the tracker's interned columns -----
     def ids(self, traj: Trajectory) -> dict[str, int]:
@@ -180,6 +183,10 @@ class LifecycleStatistics(TrackerObserver):
         if state is _TOOL or state is _TOOL_DONE:
             self.tool_end_reported[0] += state is _TOOL_DONE
             self.tool_end_reported[1] += 1
+            self.tool_start_reported[0] += 1
+            self.tool_start_reported[1] += 1
+        elif state is _DECODED and traj.decoded_at is not None:
+            self.tool_start_reported[1] += 1
         elif state is _SANDBOX_STARTING or state is _SANDBOX_READY:
             self.sandbox_ready_reported[0] += state is _SANDBOX_READY
             self.sandbox_ready_reported[1] += 1

@@ -35,6 +35,22 @@ _UNGROUPED: np.ndarray = np.empty(0, np.int64)  # GridItems' cells, classes and 
 _UNGROUPED.flags.writeable = False
 
 
+def unfinished_tail_mean(cls: DurationClass | None, dt: float, live: np.ndarray | None, prior_s: float) -> float:
+    """The exponential mean of a class with no completion: the prior mean lengthened by its censored (aborted)
+    durations' and its live items' time at risk (curve_history.py's tail estimate with nothing completed).
+    Operations that have run long without one completing make the prior longer: with the prior alone, episodes that
+    never come back (a single-turn task whose trainer sends no reward hint) kept a constant chance of a next request
+    in every window."""
+    exposure = 0.0
+    if live is not None and live.size > 1:
+        exposure += float(np.dot(live[1:], np.arange(1, live.size, dtype=np.float64)))
+    if cls is not None:
+        censored = cls.histograms(dt)[3]
+        if censored.size > 1:
+            exposure += float(np.dot(censored[1:], np.arange(1, censored.size, dtype=np.float64)))
+    return dt * exposure + prior_s
+
+
 class DurationStore:
     def __init__(self, name: str, levels: Sequence[tuple[str, ...]], prior_s: float, *, history: int = 2048,
                  min_samples: int = 32, prior_of: Callable[[Key], float | None] | None = None) -> None:
@@ -152,8 +168,8 @@ class DurationStore:
         """The class's survival curve. With ``now`` and the live items' elapsed-time histogram: the cohort estimate
         (live items censored) up to the cohort's age, the complete sample beyond; without: the complete sample."""
         cls = self.classes.get(key)
-        if cls is None or not cls.count:
-            return GridCurve(np.zeros(1), np.zeros(1), dt, self.prior(key))
+        if cls is None or not cls.count:  # all tail: the prior, lengthened by the time at risk with no completion
+            return GridCurve(np.zeros(1), np.zeros(1), dt, unfinished_tail_mean(cls, dt, live_censored, self.prior(key)))
         if now is None:
             return cls.complete_curve(dt)
         history = cls.curve_history(dt)

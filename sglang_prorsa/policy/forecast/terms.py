@@ -19,7 +19,8 @@ tool               per (task, tool) -> task -> all: tool_start -> next request; 
                    Replaces B.5's EMA test r_i < S, which counted a tool that had outlived its mean in every window.
 tool_done          tool_end -> next request (beyond).
 decode, decoded    decode-return (beyond the one-step assumption): remaining decode, then decode_end -> next
-                   request, times P(this response calls a tool | task, turn).
+                   request, times P(this response calls a tool | task, turn). When the trainer reports tool_start,
+                   a decoded response is conditioned on its own dwell (decode_end -> tool_start), then the tool.
 ready, prefill     the same chain after the request's own prefill (its predicted end from the queue model).
 interrupted        abort -> resend (beyond; issue 13).
 reward             the sampler (B.2) and the sync launch model: samples.py.
@@ -189,16 +190,17 @@ class ArrivalTerms:
                 tokens, requests = [scale * v for v in tokens], [scale * v for v in requests]
         sums.add_expected(tokens, requests)
 
-    def _rest_cdf(self, store: DurationStore, states: tuple[TrajState, ...], since: np.ndarray | None,
+    def _rest_cdf(self, store: DurationStore, states: tuple[TrajState, ...], since: str | None,
                   first: DurationStore):
         """``then(key)`` for a chain after a phase of store ``first``: the CDF of ``store``'s phase for the task of
-        ``first``'s class ``key``, fitted with the trajectories of ``states`` (its running members) censored."""
+        ``first``'s class ``key``, fitted with the trajectories of ``states`` (its running members) censored at their
+        time in their state (``since``: at their time since that column's instant, ``Snapshot.running``)."""
         snap = self.snap
-        idx = snap.span(*states)
         if since is None:
-            fitted = self.fitted(store, idx)
+            fitted = self.fitted(store, snap.span(*states))
         else:
-            fitted = store.fit(snap.ids(idx), snap.radix, snap.elapsed(idx, since=since), self.dt, snap.now)
+            ids, elapsed = snap.running(states, since)
+            fitted = store.fit(ids, snap.radix, elapsed, self.dt, snap.now)
         bins = int(round(self.S / self.dt)) + 2
         cache: dict[Key, np.ndarray] = {}
 
@@ -263,7 +265,16 @@ class ArrivalTerms:
             fitted = dec.fit(self.snap.ids(idx), self.snap.radix, elapsed, self.dt,
                              self.snap.now - self.snap.engine_shift)
             self._expect(sums, fitted, None, elapsed, then, self._next_x(idx), self._calls_tool(idx))
-        if Snapshot.count(decoded):  # running() lists the decoded first (all of them: they have decoded >= 0)
+        if Snapshot.count(decoded) and self.stats.mostly(self.stats.tool_start_reported):
+            # The trainer reports tool_start: a response still in DECODED has not handed off to a tool yet. Its own
+            # dwell (decode_end -> tool_start, HANDOFF) is conditioned and chained with tool_start -> request; the
+            # whole decode -> request delay conditioned on the elapsed time would count an episode that ended
+            # without a reward hint (it stays DECODED for good) like a turn still on its way through a tool.
+            rest = self._rest_cdf(st[Phase.TOOL_RETURN], (TrajState.TOOL, TrajState.TOOL_DONE), "tool_start",
+                                  st[Phase.HANDOFF])
+            self._expect(sums, self.fitted(st[Phase.HANDOFF], decoded), None, snap.elapsed(decoded), rest,
+                         self._next_x(decoded), self._calls_tool(decoded))
+        elif Snapshot.count(decoded):  # running() lists the decoded first (all of them: they have decoded >= 0)
             n = Snapshot.count(decoded)
             self._expect(sums, ret_fit, ret_fit.res[:n], snap.elapsed(decoded), None, self._next_x(decoded),
                          self._calls_tool(decoded))

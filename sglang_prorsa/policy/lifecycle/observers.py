@@ -30,6 +30,7 @@ class Phase(str, Enum):
     READY_WAIT = "ready_wait"  # sandbox_ready -> first request
     DECODE = "decode"  # prefill_end -> decode_end (engine time; pauses excluded)
     DECODE_RETURN = "decode_return"  # decode_end -> next request, for turns that call a tool
+    HANDOFF = "handoff"  # decode_end -> tool_start (or the next request when none came), for turns that continue
     TOOL_RETURN = "tool_return"  # tool_start -> next request (tool time plus the agent's delay; B.5 goes to tool_end)
     TOOL = "tool"  # tool_start -> tool_end (B.5's tool execution time, when the trainer reports tool_end)
     POST_TOOL = "post_tool"  # tool_end -> next request

@@ -70,6 +70,7 @@ _PM_ABORT = PauseMode.ABORT
 _PREFILL = TrajState.PREFILL
 _P_DECODE = Phase.DECODE
 _P_DECODE_RETURN = Phase.DECODE_RETURN
+_P_HANDOFF = Phase.HANDOFF
 _P_LAUNCH = Phase.LAUNCH
 _P_POST_TOOL = Phase.POST_TOOL
 _P_READY_WAIT = Phase.READY_WAIT
@@ -380,6 +381,7 @@ class TrajectoryTracker:
                 if previous is _DECODED:  # the trainer skipped tool_start: the turn continued all the same
                     for cb in self._cb["on_turn_decided"]:
                         cb(traj, True)
+                    phase(_P_HANDOFF, traj, ts - traj.decoded_at)
                 phase(_P_DECODE_RETURN, traj, ts - traj.decoded_at)
             if traj.tool_started_at is not None and previous in _TOOL_STATES:
                 phase(_P_TOOL_RETURN, traj, ts - traj.tool_started_at)
@@ -427,6 +429,8 @@ class TrajectoryTracker:
         if previous in _RESPONSE_STATES:
             for cb in self._cb["on_turn_decided"]:
                 cb(traj, calls_tool)
+            if calls_tool and traj.decoded_at is not None:  # a turn's outcome ends no hand-off when it ends the episode
+                self._phase_done(_P_HANDOFF, traj, ts - traj.decoded_at)
             if not calls_tool:
                 traj.decoded_at = None
                 self.columns.decoded[traj.slot] = -1.0
@@ -476,6 +480,7 @@ class TrajectoryTracker:
             self._censor_tool(traj, ts, state)
         elif state is _DECODED and traj.decoded_at is not None:
             self._phase_done(_P_DECODE_RETURN, traj, e, completed=False)
+            self._phase_done(_P_HANDOFF, traj, e, completed=False)
         elif state is _INTERRUPTED:
             self._phase_done(_P_RESEND, traj, e, completed=False)
 

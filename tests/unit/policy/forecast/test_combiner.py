@@ -202,9 +202,9 @@ def test_served_fields_reach_the_json_and_the_allocation_input():
     # the weights blend persistence and timeseries (both exact); the combination has not beaten persistence by the
     # guard's margin (a tie), so persistence itself is served, guarded
     assert d["served"] == {"prefill": {"member": "persistence", "arrival_tokens": pytest.approx(1000.0),
-                                       "guarded": True},
+                                       "guarded": True, "regime": "steady"},
                            "decode": {"member": "persistence", "admission_tokens": pytest.approx(1000.0),
-                                      "guarded": True}}
+                                      "guarded": True, "regime": "steady"}}
     assert fc.served_prefill.combination == pytest.approx(1000.0)
     assert set(d["members"]) == {"prefill", "decode"}
     for quantity in ("prefill", "decode"):
@@ -308,6 +308,62 @@ def test_a_sync_step_nobody_has_seen_arrive_yet_is_the_lifecycle_forecasts():
     fc = cp.predictor.latest
     assert fc.served_prefill.member == "persistence" and fc.prefill_arrival_tokens == 1000.0
     assert cp.predictor.combine_prefill.windows == 0  # [0, 10) held the launch, [10, 20) was forecast as one
+
+
+def steady_windows(cp, clock, start: int, count: int, prompt: int = 1000) -> None:
+    """``count`` windows from ``start`` (in windows of 10 s), each with one whole turn of ``prompt`` tokens."""
+    for k in range(start, start + count):
+        clock.set(10.0 * k + 2)
+        one_turn(cp, f"s{k}", 10.0 * k + 2, prompt)
+        clock.set(10.0 * (k + 1))
+        cp.tick()
+
+
+def sandboxes(cp, t: float, count: int, prefix: str = "x") -> None:
+    post(cp, *({"trajectory_id": f"{prefix}{i}", "event": "sandbox_start", "ts": t, "mode": "cold"} for i in range(count)))
+
+
+def test_announced_first_prompts_far_above_the_series_are_a_surge_the_lifecycle_forecast_serves():
+    cp, clock = plane(default_prompt_tokens=1000)
+    cp.tick()
+    steady_windows(cp, clock, 0, 4)  # 1000 tokens a window: persistence and the Kalman filter exact, guarded
+    fc = cp.forecast()
+    assert fc.regime == "steady" and fc.served_prefill.member == "persistence" and fc.served_prefill.guarded
+    assert fc.prefill_arrival_tokens == pytest.approx(1000.0)
+    sandboxes(cp, 40.5, 2)  # two sandboxes starting: at most 2,000 announced tokens, not 3x the level -> steady
+    fc = cp.forecast()
+    assert fc.regime == "steady" and fc.prefill_arrival_tokens == pytest.approx(1000.0)
+    sandboxes(cp, 41.0, 40, "y")  # 40 more: up to 42,000 announced tokens, 42x the level -> a surge
+    fc = cp.forecast()
+    assert fc.regime == "surge" and fc.served_prefill.member == "lifecycle" and not fc.served_prefill.guarded
+    assert fc.prefill_arrival_tokens == fc.lifecycle.prefill_arrival_tokens > 3 * 1000.0
+    assert fc.to_dict()["served"]["prefill"]["regime"] == "surge"
+    # the allocation reads the surge: W^P is the backlog plus the lifecycle's announced prompts
+    assert fc.prefill_tokens == pytest.approx(fc.sources.backlog + fc.lifecycle.prefill_arrival_tokens)
+
+
+def test_surge_windows_are_scored_among_surges_and_a_member_that_misses_them_loses_its_place():
+    from sglang_prorsa.policy.forecast.predictor import surging
+    assert surging(100.0, None, None) and surging(3001.0, 1000.0, 10.0) and not surging(3000.0, 1000.0, 10.0)
+    assert not surging(3001.0, 10.0, 1001.0) and not surging(0.0, None, None) and not surging(math.nan, 0.0, 0.0)
+    cp, clock = plane(default_prompt_tokens=1000)
+    cp.tick()
+    steady_windows(cp, clock, 0, 3)
+    steady = cp.predictor.combine_prefill.windows
+    surge = cp.predictor.surge_prefill
+    for k in range(3, 6):  # every surge window: 30 sandboxes announced, none sends a prompt in it
+        clock.set(10.0 * k + 0.5)
+        sandboxes(cp, 10.0 * k + 0.5, 30, f"w{k}-")
+        clock.set(10.0 * (k + 1))
+        cp.tick()
+        assert cp.predictor.latest.regime == "surge"  # the 90 sandboxes stay announced
+    # the windows opened at 40 and 50 s were forecast as surges and scored among surges, not among steady ones
+    assert surge.windows == 2 and cp.predictor.combine_prefill.windows == steady + 1
+    fc = cp.forecast()
+    assert fc.regime == "surge"
+    # the lifecycle forecast missed both surges by all it forecast; persistence (0) was exact: it is served now
+    assert fc.served_prefill.members["lifecycle"].recent_wape is None  # nothing arrived: no WAPE, only errors
+    assert fc.served_prefill.member != "lifecycle" and fc.prefill_arrival_tokens == pytest.approx(0.0)
 
 
 def test_the_guard_serves_persistence_while_the_combination_loses_to_it():

@@ -119,6 +119,36 @@ def _reference_curve(events, censored, dt, mean, live, splice):
                      late_censored=censored, splice_at=splice)
 
 
+def _reference_tail_mean(censored, live, last, dt, mean):
+    """curve_history.py's tail mean past grid point ``last``, written out with Python loops."""
+    exposure = 0.0
+    for hist in (censored, live if live is not None else []):
+        for k, count in enumerate(hist):
+            if k > last:
+                exposure += (k - last) * count
+    return mean + dt * exposure
+
+
+def test_tail_mean_by_hand():
+    # completions at grid points 1, 2, 3, 10 (L = 10); one censored at 12; live items at 20 (two) and 5: time at
+    # risk past L = 2 + 2 * 10 = 22 grid points = 2.75 s at dt 0.125
+    ev = np.array([0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1.0])
+    history = CurveHistory(ev, np.zeros(1), ev, np.array([0] * 12 + [1.0]))
+    live = np.zeros(21)
+    live[20], live[5] = 2, 1
+    curve = history.curve(live, None, 0.125, 4.0)
+    assert curve.last == 10 and curve.tail_mean_s == pytest.approx(4.0 + 2.75)
+    assert history.curve(None, None, 0.125, 4.0).tail_mean_s == pytest.approx(4.0 + 0.25)  # the censored one only
+    # a thousand items 3,960 grid points past L = 40 at dt = 1: the tail mean is their time at risk plus the mean
+    ev = np.zeros(41)
+    ev[1:11], ev[40] = 1, 10
+    h = CurveHistory(ev, np.zeros(1), ev, np.zeros(1))
+    many = np.zeros(4001)
+    many[4000] = 1000
+    assert h.curve(None, None, 1.0, 7.0).tail_mean_s == 7.0
+    assert h.curve(many, None, 1.0, 7.0).tail_mean_s == pytest.approx(1000 * 3960 + 7.0)
+
+
 def test_curve_history_builds_the_same_curves_bit_for_bit():
     rng = np.random.default_rng(5)
     for trial in range(60):
@@ -132,9 +162,11 @@ def test_curve_history_builds_the_same_curves_bit_for_bit():
         history = CurveHistory(ev_c, ce_c, ev_all, ce_all)
         for live in (None, np.zeros(0), rng.integers(0, 50, int(rng.integers(1, 500))).astype(np.float64)):
             for splice in (None, 0, int(rng.integers(0, size)), size + 5, 10_000):
-                want = _reference_curve((ev_c, ce_c, ev_all, ce_all), ce_all, DT, 3.0, live, splice)
                 got = history.curve(live, splice, DT, 3.0)
-                assert got.last == want.last and got.tail_mean_s == want.tail_mean_s
+                want_tail = _reference_tail_mean(ce_all, live, max(got.last, 0), DT, 3.0)
+                assert got.tail_mean_s == pytest.approx(want_tail, rel=1e-12)
+                want = _reference_curve((ev_c, ce_c, ev_all, ce_all), ce_all, DT, got.tail_mean_s, live, splice)
+                assert got.last == want.last
                 assert np.array_equal(got.surv, want.surv)
                 for length in (1, got.last + 3, got.last + 90):  # a kept extension: views of the longest
                     assert np.array_equal(got.extended(length), want.extended(length))

@@ -9,6 +9,7 @@ from sglang_prorsa.policy.control_plane import LifecycleControlPlane
 from sglang_prorsa.policy.forecast.config import ConfigError, PredictorConfig, apply_config_update
 from sglang_prorsa.policy.forecast.profile import PrefillTimeProfile
 from sglang_prorsa.policy.forecast.sampler import InjectionConfig, InjectionPolicy
+from sglang_prorsa.policy.lifecycle.observers import Phase
 
 
 def plane(**cfg):
@@ -53,8 +54,10 @@ def test_sandbox_startup_conditional_on_mode():
          e("c", "sandbox_start", 0, mode="cold", prompt_tokens=2000),
          e("r", "sandbox_start", 0, mode="prewarm", prompt_tokens=500), e("r", "sandbox_ready", 1))
     fc = cp.forecast(at=2.0)
-    # no history: exponential priors; ready sandboxes count fully (their first request is being dispatched)
-    expected = 1000 * (1 - math.exp(-10 / 3)) + 2000 * (1 - math.exp(-10 / 30)) + 500
+    # no history: exponential priors, each lengthened by its class's time at risk without a completion (stores.py,
+    # unfinished_tail_mean): prewarm w and r have run 2 s each (3 + 4 s), cold c 2 s (30 + 2 s); the ready sandbox r
+    # sends its first request after the ready -> request prior (0.5 s, + 1 s since ready): almost surely in S
+    expected = 1000 * (1 - math.exp(-10 / 7)) + 2000 * (1 - math.exp(-10 / 32)) + 500 * (1 - math.exp(-10 / 1.5))
     assert fc.sources.sandbox == pytest.approx(expected)
 
 
@@ -91,8 +94,9 @@ def test_tool_with_no_history_uses_the_prior_exponential():
          e("a", "tool_start", 2, tool="bash"), e("c", "tool_start", 3, tool="bash", prompt_tokens=900),
          e("c", "tool_end", 4))
     fc = cp.forecast(at=8.0)
-    # a: memoryless prior, q = 1 - exp(-10/15), x = 1000 (no growth learned); c: tool done, post-tool prior 0.5 s
-    q_a, q_c = 1 - math.exp(-10 / 15), 1 - math.exp(-10 / 0.5)
+    # a: the prior lengthened by the time at risk (a 6 s, c 5 s in the tool -> request phase: 15 + 11 s), x = 1000
+    # (no growth learned); c: tool done, post-tool prior 0.5 s lengthened by its 4 s since tool_end
+    q_a, q_c = 1 - math.exp(-10 / 26), 1 - math.exp(-10 / 4.5)
     assert fc.sources.tool == pytest.approx(1000 * q_a + 900 * q_c)
 
 
@@ -220,8 +224,8 @@ def test_refresh_windows_persistence_and_wape():
     clock.set(5.0)
     post(cp, e("a", "tool_start", 5))
     clock.set(10.0)
-    assert cp.tick()  # [0, 10) closes (0 vs 0); [10, 20) forecasts a: elapsed 5, prior mean 5 s
-    q = 1 - math.exp(-2.0)
+    assert cp.tick()  # [0, 10) closes (0 vs 0); [10, 20) forecasts a: elapsed 5, prior mean 5 s + its 5 s at risk
+    q = 1 - math.exp(-1.0)
     assert cp.predictor.latest.lifecycle.prefill_arrival_tokens == pytest.approx(1000 * q)
     # served (combiner.py): no window compared the members yet ([0, 10) had no persistence), so persistence, 0
     assert cp.predictor.latest.prefill_arrival_tokens == 0.0
@@ -264,3 +268,68 @@ def test_config_updates_validate_fields():
         with pytest.raises(ConfigError) as err:
             apply_config_update(PredictorConfig(), bad)
         assert err.value.field == field
+
+
+def test_episodes_that_never_come_back_stop_counting_without_reward_hints():
+    """A trainer that sends no reward hints: every single-turn episode ends in `decoded` and stays there. With the
+    prior exponential alone each kept a 1 - exp(-S / prior) chance of a next request in every window (200 dead
+    episodes: ~200,000 tokens forecast every window); their time at risk now lengthens the prior (stores.py)."""
+    cp, clock = plane(tool_prior_s=5.0, default_prompt_tokens=1000)  # decode_end -> next request: the tool prior
+
+    def episode(k: int) -> None:
+        t = k * 0.5
+        post(cp, e(f"d{k}", "request_arrived", t, prompt_tokens=1000), e(f"d{k}", "prefill_end", t),
+             e(f"d{k}", "decode_end", t + 1))
+
+    for k in range(3):
+        episode(k)
+    early = cp.forecast(at=2.0).arrivals["decode_return"]["raw"]
+    for k in range(3, 200):
+        episode(k)
+    late = cp.forecast(at=600.0).arrivals["decode_return"]["raw"]
+    # at 2 s: 3 decoded (1, 0.5 and 0 s at risk: mean 5 + 1.5 s)
+    assert early == pytest.approx(3 * 1000 * (1 - math.exp(-10 / 6.5)), rel=1e-9)
+    # at 600 s: 200 decoded for 499.5-599 s, 109,850 s at risk in all: q = 1 - exp(-10 / 109,855) each
+    assert late == pytest.approx(200 * 1000 * (1 - math.exp(-10 / 109_855)), rel=1e-6)
+    assert late < 20.0
+
+
+def test_live_items_far_past_every_completion_lengthen_the_tail():
+    cp, clock = plane(min_survival_samples=5)
+    tool_history(cp, [2, 4, 6, 15, 25])  # completed tool -> request delays; the last at 25 s
+    post(cp, *(e(f"z{k}", "tool_start", 0, tool="bash", prompt_tokens=1000) for k in range(50)))
+    fc = cp.forecast(at=1000.0)
+    # 50 tools running 1000 s, far past the last completion (25 s): 50 * 975 s at risk past it lengthen the tail's
+    # mean to 10.4 + 48,750 s (the completed mean alone: 10.4 s, q = 0.62 each)
+    q = 1 - math.exp(-10 / (50 * 975 + 10.4))
+    assert fc.sources.tool == pytest.approx(50 * 1000 * q, rel=1e-3)
+
+
+def test_a_response_still_decoded_after_the_trainers_tool_start_lag_is_a_finished_episode():
+    """The trainer reports tool_start (0.1 s after decode_end) but no rewards: an episode's last response stays
+    DECODED for good. Conditioned on its own dwell (decode_end -> tool_start, terms.py), responses decoded 30 s ago
+    are hardly expected back; conditioned on the whole decode -> request delay (tools of 2-59 s) they would be."""
+    cp, clock = plane(min_survival_samples=5, default_prompt_tokens=1000)
+    for k in range(20):  # turns that continued: decode_end, tool_start 0.1 s later, the next request 2-59 s after
+        t, tool_s = float(k), 2.0 + 3 * k
+        post(cp, e(f"h{k}", "request_arrived", t, prompt_tokens=1000), e(f"h{k}", "prefill_end", t),
+             e(f"h{k}", "decode_end", t + 1), e(f"h{k}", "tool_start", t + 1.1, tool="bash"),
+             e(f"h{k}", "request_arrived", t + 1.1 + tool_s, prompt_tokens=1500), e(f"h{k}", "aborted", t + 1.2 + tool_s))
+    stats = cp.predictor.stats
+    assert stats.tool_start_reported == [20, 20] and stats.stores[Phase.HANDOFF].classes[(1,)].count == 20
+    for k in range(10):  # ten episodes whose last response came 30 s ago: no tool_start followed, no reward hint
+        post(cp, e(f"old{k}", "request_arrived", 80, prompt_tokens=1000), e(f"old{k}", "prefill_end", 80),
+             e(f"old{k}", "decode_end", 81))
+    stale = cp.forecast(at=111.0).arrivals["decode_return"]["raw"]
+    stats.tool_start_reported[0] = 0  # as if the trainer sent no tool_start: the whole decode -> request delay
+    phase_only = cp.forecast(at=111.0).arrivals["decode_return"]["raw"]
+    stats.tool_start_reported[0] = 20
+    # the hand-off's tail: mean 0.1 s + 10 x 29.9 s at risk past the last hand-off, so q <= 1 - exp(-10 / 299)
+    assert stale <= 10 * 1500 * (1 - math.exp(-10 / 299.0)) and stale < phase_only / 5
+    post(cp, e("new", "request_arrived", 111, prompt_tokens=1000), e("new", "prefill_end", 111),
+         e("new", "decode_end", 111.95))
+    fresh = cp.forecast(at=112.0).arrivals["decode_return"]["raw"]
+    # "new" (0.05 s decoded): 20 of the 30 responses seen handed off (at 0.1 s), the 10 old ones never did, so it
+    # hands off with probability 2/3 (the product limit); then its tool returns within S with the tools' odds (the
+    # 2, 5 and 8 s tools of 20); x = 1000 + 500 of learned growth; every response seen continued, so P(tool) = 1
+    assert fresh - stale == pytest.approx(1500.0 * 2 / 3 * 3 / 20, rel=1e-3)  # (the old ones: 1 s more at risk)
