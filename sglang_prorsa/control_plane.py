@@ -24,6 +24,7 @@ from sglang_prorsa.policy.control_plane import REFRESH_INTERVAL_S, LifecycleCont
 from sglang_prorsa.policy.forecast.config import PredictorConfig
 from sglang_prorsa.policy.horizon import DEFAULT_HORIZON_S
 from sglang_prorsa.srt.common.auth import mount
+from sglang_prorsa.srt.common.http_utils import SERVER_KEEPALIVE_S
 from sglang_prorsa.srt.lifecycle_routes import make_router
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper())
     clock = TraceClock() if args.clock == "trace" else WallClock()
     app = build_app(LifecycleControlPlane(clock, config=PredictorConfig(horizon_s=args.horizon)))
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_keep_alive=SERVER_KEEPALIVE_S)
     return 0
 
 

@@ -206,6 +206,12 @@ class LifecycleControlPlane:
             self._current, self._current_at = None, 0.0
             self._applied_version += 1
 
+    def seconds_to_next_window(self) -> float | None:
+        """Clock seconds until the open forecast window closes (None before the first refresh). Cheap, no lock: a
+        read of one float the refresher writes."""
+        due = self.predictor.next_refresh_at
+        return None if due is None else due - self.clock.now()
+
     def cached_forecast(self) -> Forecast | None:
         """The refresher's latest forecast if it is at most two refresh intervals old and no event was applied since,
         else None (cheap)."""

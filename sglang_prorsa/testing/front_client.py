@@ -128,3 +128,25 @@ def start_manual_front(instances_n: int, initial_prefill: int, engine_flags: Seq
                             "--host", processes.LOOPBACK, "--port", str(port), *extra, *engine_flags],
                            name="front", port=port, log_dir=log_dir,
                            die_with_parent=True)  # a benchmark stopped by a signal leaves no front behind
+
+
+def idle_keepalive_survives(url: str, idle_s: float) -> tuple[int, int, bool]:
+    """Two ``GET /health`` on one HTTP/1.1 connection, ``idle_s`` apart: (first status, second status, same socket).
+    A listener that closes idle connections sooner makes the second request fail (or, with a pool, race the close)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        conn.request("GET", "/health")
+        first = conn.getresponse()
+        first.read()
+        sock = conn.sock
+        time.sleep(idle_s)
+        conn.request("GET", "/health")
+        second = conn.getresponse()
+        second.read()
+        return first.status, second.status, conn.sock is sock
+    finally:
+        conn.close()

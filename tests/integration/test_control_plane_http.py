@@ -89,9 +89,10 @@ def test_whole_trajectory_over_http_and_forecast(base_url):
     fc = requests.get(f"{base_url}/prorsa/forecast", params={"at": t0 + 1.0}, timeout=10).json()
     assert fc["t"] == pytest.approx(t0 + 1.0) and fc["horizon_s"] == 10
     assert fc["sources"]["ready"] == 700 and fc["sources"]["inflight"] == 0
-    # no tool history: the prior (exponential, mean 5 s) from 0.5 s into the tool: q = 1 - exp(-10 / 5)
+    # no tool history: the prior (exponential, mean 5 s) lengthened by the 0.5 s the tool has run (stores.py,
+    # unfinished_tail_mean): q = 1 - exp(-10 / 5.5)
     arrivals = fc["arrivals"]
-    assert arrivals["tool"]["raw"] == pytest.approx(1500 * (1 - math.exp(-2.0)))
+    assert arrivals["tool"]["raw"] == pytest.approx(1500 * (1 - math.exp(-10 / 5.5)))
     # sources.tool (the first cut's grouping) also counts h2's possible return through a tool after its decode
     assert arrivals["decode_return"]["raw"] > 0
     assert fc["sources"]["tool"] == pytest.approx(sum(arrivals[s]["raw"] for s in ("tool", "decode_return", "resend")))
@@ -151,3 +152,10 @@ def test_bad_config_and_forecast_time(base_url):
     assert requests.get(f"{base_url}/prorsa/forecast", params={"at": "nan"}, timeout=10).status_code == 422
     assert requests.get(f"{base_url}/prorsa/forecast", params={"at": "soon"}, timeout=10).status_code == 422
     assert requests.get(f"{base_url}/prorsa/forecast", timeout=10).status_code == 200
+
+
+def test_an_idle_connection_outlives_client_pools(base_url):
+    """As the front: an idle keep-alive connection is kept past uvicorn's 5 s default (SERVER_KEEPALIVE_S)."""
+    from sglang_prorsa.testing.front_client import idle_keepalive_survives
+
+    assert idle_keepalive_survives(base_url, 6.0) == (200, 200, True)

@@ -16,6 +16,11 @@ from sglang_prorsa.srt.common.messages import Code
 # request on a connection the server is closing at that moment and gets ServerDisconnectedError -- for a PD prefill
 # half sent alongside its decode half, that loses the half and the decode half waits minutes for KV that never comes.
 UPSTREAM_KEEPALIVE_S = 4.0
+# How long our listeners (the front, the standalone control plane) keep an idle connection open. Above the pools
+# of the clients trainers use (aiohttp keeps one 15 s, httpx 5 s): a client must drop an idle connection before the
+# server does, or a request it sends just as the server closes that connection is reset, and a POST is not retried
+# (uvicorn's 5 s default raced the demo's own pool on a CPU-starved host: one request in ~5,000 failed ReadError).
+SERVER_KEEPALIVE_S = 75.0
 
 
 async def post_fresh(session: Any, url: str, **kwargs: Any) -> Any:

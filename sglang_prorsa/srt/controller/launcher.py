@@ -158,6 +158,7 @@ def serve(front: Any, host: str, port: int) -> None:
     import uvicorn
     from uvicorn.main import STARTUP_FAILURE
 
+    from sglang_prorsa.srt.common.http_utils import SERVER_KEEPALIVE_S
     from sglang_prorsa.srt.controller.app import serve_app
 
     class FrontServer(uvicorn.Server):
@@ -168,7 +169,8 @@ def serve(front: Any, host: str, port: int) -> None:
     # SIGTERM must stop the deployment: uvicorn otherwise waits, without end, for every open request (a soak's
     # front sat through two SIGTERMs with requests in flight); after the grace, run_front's finally stops the instances.
     server = FrontServer(uvicorn.Config(serve_app(front), host=host, port=port, log_level="warning",
-                                        access_log=False, timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
+                                        access_log=False, timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+                                        timeout_keep_alive=SERVER_KEEPALIVE_S))
     try:
         server.run()
     except KeyboardInterrupt:  # as uvicorn.run: Ctrl-C is an ordinary stop

@@ -27,6 +27,9 @@ from sglang_prorsa.srt.controller.orchestrator import Orchestrator, SwitchRefuse
 logger = logging.getLogger(__name__)
 
 POLL_EVERY_S = 1.0
+# A decision lands this long after a forecast window closes: past the refresher's lag (REFRESH_INTERVAL_S), so the
+# forecast it reads holds the window that just ended.
+AFTER_WINDOW_S = 0.5
 POLL_TIMEOUT_S = 5.0
 MISSED_CHECKS_UNHEALTHY = 3
 # Prefill speed to assume before any busy interval has been measured (tokens/s/instance); CPU-sized.
@@ -57,6 +60,7 @@ class ControlLoop:
         self.held_ticks = 0
         self.cannot_decide: dict[str, str] | None = None  # why the last tick could not decide (code, error)
         self.busy_intervals = 0
+        self.last_tick_at: float | None = None  # time.monotonic() of the last decision
         self._tasks: list[asyncio.Task] = []
 
     def start(self) -> None:
@@ -132,7 +136,7 @@ class ControlLoop:
     # -- deciding -----------------------------------------------------------------------------------------------------
     async def _control_forever(self) -> None:
         while True:
-            await asyncio.sleep(self.config.control_interval_s)
+            await asyncio.sleep(self.next_tick_in())
             try:
                 await self.tick()
             except CannotDecide:
@@ -140,9 +144,26 @@ class ControlLoop:
             except Exception:
                 logger.exception("control tick failed; retrying next interval")
 
+    def next_tick_in(self) -> float:
+        """Seconds to the next decision. When decisions follow the horizon (the default), each lands
+        ``AFTER_WINDOW_S`` after a forecast window closes: persistence and the other members of the served forecast
+        then include the window that just ended. Ticking on the loop's own phase, a decision could come just before
+        the window closed and act on a forecast one window old (a prefill surge seen ten seconds late). A set
+        ``--prorsa-control-interval`` other than S keeps its own period."""
+        interval = self.config.control_interval_s
+        until = self.control_plane.seconds_to_next_window()
+        if until is None or interval != self.config.prorsa_horizon_s:
+            return interval
+        delay = max(0.0, until + AFTER_WINDOW_S)
+        since = time.monotonic() - self.last_tick_at if self.last_tick_at is not None else interval
+        while since + delay < interval / 2:  # not twice for one window
+            delay += interval
+        return min(delay, 1.5 * interval)
+
     async def tick(self) -> dict[str, Any]:
         """Forecast -> Eq. 1 -> plan -> busy switches, once (held while a control operation holds switches: a
         paused trainer is not low demand)."""
+        self.last_tick_at = time.monotonic()
         forecast = await asyncio.to_thread(self.control_plane.forecast)
         if self.orchestrator.held_by:
             self.held_ticks += 1

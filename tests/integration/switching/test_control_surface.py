@@ -17,7 +17,14 @@ import torch
 from tests_support import arrange, instances, status
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from sglang_prorsa.testing.front_client import busiest, distinct_prompts, generate, run_all, switch
+from sglang_prorsa.testing.front_client import (
+    busiest,
+    distinct_prompts,
+    generate,
+    idle_keepalive_survives,
+    run_all,
+    switch,
+)
 from sglang_prorsa.testing.tiny_model import TinyModelSpec, ensure_default_model
 
 pytestmark = pytest.mark.integration
@@ -264,3 +271,10 @@ def test_workers_metrics_and_loads_are_listed_like_the_router(deployment):
     assert requests.get(front.url + "/health_generate", timeout=120).status_code == 200
     assert requests.get(front.url + "/v1/models", timeout=10).json()["data"]
     assert "model_path" in requests.get(front.url + "/get_model_info", timeout=10).json()
+
+
+def test_the_front_keeps_an_idle_connection_longer_than_client_pools(deployment):
+    """aiohttp's pool keeps an idle connection 15 s, httpx's 5 s: a listener that closes one sooner (uvicorn's 5 s
+    default) races the pool, and the POST sent just as it closes is reset, not retried. 6 s idle: past uvicorn's
+    default, far inside the front's SERVER_KEEPALIVE_S."""
+    assert idle_keepalive_survives(deployment.url, 6.0) == (200, 200, True)
