@@ -89,10 +89,9 @@ def test_whole_trajectory_over_http_and_forecast(base_url):
     fc = requests.get(f"{base_url}/prorsa/forecast", params={"at": t0 + 1.0}, timeout=10).json()
     assert fc["t"] == pytest.approx(t0 + 1.0) and fc["horizon_s"] == 10
     assert fc["sources"]["ready"] == 700 and fc["sources"]["inflight"] == 0
-    # no tool history: the prior (exponential, mean 5 s) lengthened by the 0.5 s the tool has run (stores.py,
-    # unfinished_tail_mean): q = 1 - exp(-10 / 5.5)
+    # no tool history: the prior (exponential, mean 5 s) from 0.5 s into the tool: q = 1 - exp(-10 / 5)
     arrivals = fc["arrivals"]
-    assert arrivals["tool"]["raw"] == pytest.approx(1500 * (1 - math.exp(-10 / 5.5)))
+    assert arrivals["tool"]["raw"] == pytest.approx(1500 * (1 - math.exp(-2.0)))
     # sources.tool (the first cut's grouping) also counts h2's possible return through a tool after its decode
     assert arrivals["decode_return"]["raw"] > 0
     assert fc["sources"]["tool"] == pytest.approx(sum(arrivals[s]["raw"] for s in ("tool", "decode_return", "resend")))

@@ -51,7 +51,7 @@ class CurveHistory:
 
     def tail_mean(self, live: np.ndarray | None, last: int, dt: float, completed_mean_s: float) -> float:
         """The tail exponential's mean in seconds past grid point ``last`` (module docstring)."""
-        exposure = _exposure_past(self.censored, last) + (_exposure_past(live, last) if live is not None else 0.0)
+        exposure = exposure_past(self.censored, last) + (exposure_past(live, last) if live is not None else 0.0)
         return completed_mean_s + dt * exposure
 
     def curve(self, live: np.ndarray | None, splice_at: int | None, dt: float, completed_mean_s: float) -> GridCurve:
@@ -91,7 +91,7 @@ class CurveHistory:
         return GridCurve.from_survival(np.cumprod(1.0 - hazard), last, dt, tail_mean_s)
 
 
-def _exposure_past(hist: np.ndarray, point: int) -> float:
+def exposure_past(hist: np.ndarray, point: int) -> float:
     """Grid time at risk past ``point`` of the durations counted in ``hist``: sum_{k > point} (k - point) * hist[k]."""
     if hist.size <= point + 1:
         return 0.0

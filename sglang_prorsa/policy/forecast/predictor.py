@@ -69,7 +69,7 @@ from sglang_prorsa.policy.lifecycle.states import TrajState
 from sglang_prorsa.policy.lifecycle.tracker import Phase, TrajectoryTracker
 
 STEADY, LAUNCH, SURGE = "steady", "launch", "surge"  # the regimes of a forecast window (combiner per regime)
-SURGE_FACTOR = 3.0  # announced first prompts over the series' level that make a surge (combiner.DISAGREEMENT_FACTOR)
+SURGE_FACTOR = 3.0  # announced first prompts over the series' level that make a surge (as DISAGREEMENT_FACTOR: far off noise)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from sglang_prorsa.policy.forecast.curve_history import exposure_past
 from sglang_prorsa.policy.forecast.durations import DurationClass
 from sglang_prorsa.policy.forecast.grid import MAX_GRID_POINTS, GridCurve, censor_bins, chain_windows, window_points
 
@@ -36,18 +37,17 @@ _UNGROUPED.flags.writeable = False
 
 
 def unfinished_tail_mean(cls: DurationClass | None, dt: float, live: np.ndarray | None, prior_s: float) -> float:
-    """The exponential mean of a class with no completion: the prior mean lengthened by its censored (aborted)
-    durations' and its live items' time at risk (curve_history.py's tail estimate with nothing completed).
-    Operations that have run long without one completing make the prior longer: with the prior alone, episodes that
-    never come back (a single-turn task whose trainer sends no reward hint) kept a constant chance of a next request
-    in every window."""
-    exposure = 0.0
-    if live is not None and live.size > 1:
-        exposure += float(np.dot(live[1:], np.arange(1, live.size, dtype=np.float64)))
+    """The exponential mean of a class with no completion: the prior mean lengthened by the time its censored
+    (aborted) durations and its live items have spent past twice the prior mean (curve_history.py's tail estimate
+    counts from the longest completion; here there is none, only a guess). Operations that have run far longer than
+    expected without one completing make the prior longer: with the prior alone, episodes that never come back (a
+    single-turn task whose trainer sends no reward hint) kept a constant chance of a next request in every window.
+    A class's first batch, started together and none done yet, says nothing against the prior until it has run
+    well past it (counted from zero, 180 sandboxes 2.5 s old made a 3 s prior 450 s, and the demo's surge vanished)."""
+    point = 2 * int(round(prior_s / dt))
+    exposure = exposure_past(live, point) if live is not None else 0.0
     if cls is not None:
-        censored = cls.histograms(dt)[3]
-        if censored.size > 1:
-            exposure += float(np.dot(censored[1:], np.arange(1, censored.size, dtype=np.float64)))
+        exposure += exposure_past(cls.histograms(dt)[3], point)
     return dt * exposure + prior_s
 
 

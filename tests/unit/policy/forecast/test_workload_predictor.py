@@ -54,10 +54,10 @@ def test_sandbox_startup_conditional_on_mode():
          e("c", "sandbox_start", 0, mode="cold", prompt_tokens=2000),
          e("r", "sandbox_start", 0, mode="prewarm", prompt_tokens=500), e("r", "sandbox_ready", 1))
     fc = cp.forecast(at=2.0)
-    # no history: exponential priors, each lengthened by its class's time at risk without a completion (stores.py,
-    # unfinished_tail_mean): prewarm w and r have run 2 s each (3 + 4 s), cold c 2 s (30 + 2 s); the ready sandbox r
-    # sends its first request after the ready -> request prior (0.5 s, + 1 s since ready): almost surely in S
-    expected = 1000 * (1 - math.exp(-10 / 7)) + 2000 * (1 - math.exp(-10 / 32)) + 500 * (1 - math.exp(-10 / 1.5))
+    # no history: exponential priors (a class with no completion lengthens its prior only by time spent past twice
+    # it, stores.unfinished_tail_mean: none here); the ready sandbox r sends its first request after the ready ->
+    # request prior (0.5 s): almost surely within S
+    expected = 1000 * (1 - math.exp(-10 / 3)) + 2000 * (1 - math.exp(-10 / 30)) + 500 * (1 - math.exp(-10 / 0.5))
     assert fc.sources.sandbox == pytest.approx(expected)
 
 
@@ -94,9 +94,10 @@ def test_tool_with_no_history_uses_the_prior_exponential():
          e("a", "tool_start", 2, tool="bash"), e("c", "tool_start", 3, tool="bash", prompt_tokens=900),
          e("c", "tool_end", 4))
     fc = cp.forecast(at=8.0)
-    # a: the prior lengthened by the time at risk (a 6 s, c 5 s in the tool -> request phase: 15 + 11 s), x = 1000
-    # (no growth learned); c: tool done, post-tool prior 0.5 s lengthened by its 4 s since tool_end
-    q_a, q_c = 1 - math.exp(-10 / 26), 1 - math.exp(-10 / 4.5)
+    # a: memoryless prior, q = 1 - exp(-10/15), x = 1000 (no growth learned; a at 6 s and c at 5 s are not past
+    # twice the prior, stores.unfinished_tail_mean); c: tool done 4 s ago, the post-tool prior 0.5 s lengthened by
+    # its 3 s past twice that prior
+    q_a, q_c = 1 - math.exp(-10 / 15), 1 - math.exp(-10 / 3.5)
     assert fc.sources.tool == pytest.approx(1000 * q_a + 900 * q_c)
 
 
@@ -224,8 +225,8 @@ def test_refresh_windows_persistence_and_wape():
     clock.set(5.0)
     post(cp, e("a", "tool_start", 5))
     clock.set(10.0)
-    assert cp.tick()  # [0, 10) closes (0 vs 0); [10, 20) forecasts a: elapsed 5, prior mean 5 s + its 5 s at risk
-    q = 1 - math.exp(-1.0)
+    assert cp.tick()  # [0, 10) closes (0 vs 0); [10, 20) forecasts a: elapsed 5, prior mean 5 s
+    q = 1 - math.exp(-2.0)
     assert cp.predictor.latest.lifecycle.prefill_arrival_tokens == pytest.approx(1000 * q)
     # served (combiner.py): no window compared the members yet ([0, 10) had no persistence), so persistence, 0
     assert cp.predictor.latest.prefill_arrival_tokens == 0.0
@@ -287,10 +288,10 @@ def test_episodes_that_never_come_back_stop_counting_without_reward_hints():
     for k in range(3, 200):
         episode(k)
     late = cp.forecast(at=600.0).arrivals["decode_return"]["raw"]
-    # at 2 s: 3 decoded (1, 0.5 and 0 s at risk: mean 5 + 1.5 s)
-    assert early == pytest.approx(3 * 1000 * (1 - math.exp(-10 / 6.5)), rel=1e-9)
-    # at 600 s: 200 decoded for 499.5-599 s, 109,850 s at risk in all: q = 1 - exp(-10 / 109,855) each
-    assert late == pytest.approx(200 * 1000 * (1 - math.exp(-10 / 109_855)), rel=1e-6)
+    # at 2 s: 3 decoded for 1, 0.5 and 0 s: the prior, 5 s, as it is (none past twice it)
+    assert early == pytest.approx(3 * 1000 * (1 - math.exp(-10 / 5.0)), rel=1e-9)
+    # at 600 s: 200 decoded for 499.5-599 s, 107,850 s past twice the prior in all: q = 1 - exp(-10 / 107,855) each
+    assert late == pytest.approx(200 * 1000 * (1 - math.exp(-10 / 107_855)), rel=1e-6)
     assert late < 20.0
 
 
@@ -333,3 +334,14 @@ def test_a_response_still_decoded_after_the_trainers_tool_start_lag_is_a_finishe
     # hands off with probability 2/3 (the product limit); then its tool returns within S with the tools' odds (the
     # 2, 5 and 8 s tools of 20); x = 1000 + 500 of learned growth; every response seen continued, so P(tool) = 1
     assert fresh - stale == pytest.approx(1500.0 * 2 / 3 * 3 / 20, rel=1e-3)  # (the old ones: 1 s more at risk)
+
+
+def test_a_first_batch_of_sandboxes_is_counted_with_the_prior_until_it_has_run_well_past_it():
+    """The demo's surge: 180 agents start their sandboxes together, the first the class has seen. Their time at risk
+    says nothing against the 3 s prior until they have run past twice it (counted from zero, 2.5 s each made the
+    prior 453 s and the surge vanished from the forecast)."""
+    cp, clock = plane(prewarm_startup_prior_s=3.0)
+    post(cp, *(e(f"s{k}", "sandbox_start", 0, mode="prewarm", prompt_tokens=800) for k in range(180)))
+    assert cp.forecast(at=2.5).sources.sandbox == pytest.approx(180 * 800 * (1 - math.exp(-10 / 3)))
+    # still none started after 16 s: 180 x 10 s past twice the prior lengthen it to 1,803 s
+    assert cp.forecast(at=16.0).sources.sandbox == pytest.approx(180 * 800 * (1 - math.exp(-10 / 1803)), rel=1e-6)
