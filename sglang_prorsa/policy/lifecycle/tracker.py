@@ -429,7 +429,8 @@ class TrajectoryTracker:
         if previous in _RESPONSE_STATES:
             for cb in self._cb["on_turn_decided"]:
                 cb(traj, calls_tool)
-            if calls_tool and traj.decoded_at is not None:  # a turn's outcome ends no hand-off when it ends the episode
+            # tool_start ends the hand-off; reward_start (the episode ended) is no hand-off and records nothing
+            if calls_tool and traj.decoded_at is not None:
                 self._phase_done(_P_HANDOFF, traj, ts - traj.decoded_at)
             if not calls_tool:
                 traj.decoded_at = None
