@@ -12,6 +12,7 @@ from sglang_prorsa.policy.control_plane import LifecycleControlPlane
 from sglang_prorsa.policy.forecast.combiner import MEMBERS, ForecastCombiner
 from sglang_prorsa.policy.forecast.config import ConfigError, PredictorConfig, apply_config_update
 from sglang_prorsa.policy.forecast.local_level import LocalLevelKalman
+from sglang_prorsa.policy.forecast.predictor import surging
 from sglang_prorsa.policy.forecast.profile import PrefillTimeProfile
 from sglang_prorsa.policy.forecast.sampler import InjectionConfig, InjectionPolicy
 
@@ -343,7 +344,6 @@ def test_announced_first_prompts_far_above_the_series_are_a_surge_the_lifecycle_
 
 
 def test_surge_windows_are_scored_among_surges_and_a_member_that_misses_them_loses_its_place():
-    from sglang_prorsa.policy.forecast.predictor import surging
     assert surging(100.0, None, None) and surging(3001.0, 1000.0, 10.0) and not surging(3000.0, 1000.0, 10.0)
     assert not surging(3001.0, 10.0, 1001.0) and not surging(0.0, None, None) and not surging(math.nan, 0.0, 0.0)
     cp, clock = plane(default_prompt_tokens=1000)
