@@ -20,7 +20,8 @@ and discounted means of d_t^2 and d_t d_{t-1} (half-life ``noise_half_life_windo
 s_eps = clip(-m1, 0, m0 / 2), s_eta = m0 - 2 s_eps. A series that drifts or jumps makes m1 >= 0, so s_eps -> 0 and
 K -> 1 (the filter turns into persistence); a stationary noisy series gives m1 -> -m0 / 2, K -> 0 (a long mean).
 Until two increments exist, s_eta = s_eps = m0 / 3 (signal-to-noise ratio 1). The first observation initialises
-a = y exactly (the diffuse start: P after it is s_eps, filled in when s_eps is first known). The moments are
+a = y exactly (the diffuse start: P after it is s_eps, filled in when s_eps is first known); so does an update made
+while s_eps is still 0 (K = 1: the level is the observation). The moments are
 uncentred on purpose: a trend keeps m1 positive and the gain high, so the level follows the trend.
 
 Why the filter's own innovations are not used (covariance matching, s_eps = mean(v^2) - P_pred, s_eta = K^2 mean(v^2)):
@@ -87,6 +88,9 @@ class LocalLevelKalman:
         total = predicted + eps
         gain = predicted / total if total > 0.0 else 1.0  # no noise at all: the series is its own forecast
         self.level += gain * (y - self.level)
-        self.variance = (1.0 - gain) * predicted
+        # With no observation noise estimated yet (s_eps = 0) the level is set to y itself: as uncertain as one
+        # observation, whose noise is not known yet -- diffuse again, not exact (P = 0 would freeze the level at the
+        # first spike once the spike's increments make the noise known: K = 0 with s_eta = 0).
+        self.variance = None if eps == 0.0 else (1.0 - gain) * predicted
         self.last, self.last_step, self.gain = float(y), step, gain
         return True
