@@ -28,7 +28,9 @@ to forecast a launch 40x too large); once launches have been compared, the membe
 reward hints the lifecycle one cannot see a step end coming, and the Kalman filter of the launch windows learns their
 usual size). A third regime, the surge (``surging``), holds windows forecast while first prompts already announced
 by sandbox starts exceed SURGE_FACTOR times the series' level: the lifecycle forecast is served at the first surges,
-then the member that forecast surges best.
+then the member that forecast surges best. A fourth, the rebound, holds the window after one whose realised value
+``jumped`` (a sync step's first prompts after a gap): persistence repeats the jump there by construction, and one
+such error outweighed dozens of steady windows in the steady ranking and guard.
 
 ``refresh(now)`` is the every-S step: it closes the accuracy window that just ended (scores it against the forecast
 and against persistence), updates the corrections from its per-source residuals, scores the members of the regime
@@ -68,7 +70,7 @@ from sglang_prorsa.policy.forecast.terms import ArrivalTerms, Snapshot
 from sglang_prorsa.policy.lifecycle.states import TrajState
 from sglang_prorsa.policy.lifecycle.tracker import Phase, TrajectoryTracker
 
-STEADY, LAUNCH, SURGE = "steady", "launch", "surge"  # the regimes of a forecast window (combiner per regime)
+STEADY, LAUNCH, SURGE, REBOUND = "steady", "launch", "surge", "rebound"  # a forecast window's regimes (combiners each)
 SURGE_FACTOR = 3.0  # announced first prompts over the series' level that make a surge (as DISAGREEMENT_FACTOR: far off noise)
 
 
@@ -188,6 +190,17 @@ def surging(announced: float, persisted: float | None, level: float | None) -> b
     return announced > SURGE_FACTOR * base
 
 
+def jumped(realised: float, previous: float | None, level: float | None) -> bool:
+    """Whether a closed window's realised value exceeds ``SURGE_FACTOR`` times the larger of the window before it and
+    the steady Kalman level before it (the base ``surging`` uses): a sync step's first prompts after a gap, a burst.
+    Persistence missed it and repeats it in the next window by construction, which is therefore a rebound. The level
+    keeps a trickle after an empty window (a step's last stragglers) from counting; a first window is no jump."""
+    if previous is None or not math.isfinite(realised):
+        return False
+    base = max((v for v in (previous, level) if v is not None and math.isfinite(v)), default=0.0)
+    return realised > SURGE_FACTOR * base
+
+
 def _member_forecasts(served: ServedValue | None) -> dict[str, float | None]:
     if served is None:
         return {}
@@ -221,6 +234,7 @@ class WorkloadPredictor:
         self._last_factors: tuple[dict, dict, dict, dict] = ({}, {}, {}, {})
         self._members_at_open: tuple[dict, dict] | None = None  # each member's forecasts for the open window
         self._regime_at_open = STEADY  # the regime the open window was forecast in: its members are scored there
+        self._rebound = False  # the last closed window jumped (``jumped``): the next one is forecast as a rebound
         self._step_seen: float | None = None  # start of the last sync step whose arrivals a closed window has seen
         self._combiner_settings: tuple | None = None
         self._apply_config(self.config)
@@ -250,6 +264,7 @@ class WorkloadPredictor:
             self.combine_prefill, self.combine_decode = make(PERSISTENCE), make(PERSISTENCE)
             self.launch_prefill, self.launch_decode = make(LIFECYCLE), make(LIFECYCLE)
             self.surge_prefill, self.surge_decode = make(LIFECYCLE), make(LIFECYCLE)
+            self.rebound_prefill, self.rebound_decode = make(LIFECYCLE), make(LIFECYCLE)
 
     def reconfigure(self, config: PredictorConfig) -> None:
         """New trainer settings: learned statistics stay; the open window closes unscored and the bias restarts
@@ -258,7 +273,7 @@ class WorkloadPredictor:
         self._apply_config(config)
         self.next_refresh_at = None
         self._factors_at_open = None
-        self._members_at_open, self._regime_at_open = None, STEADY
+        self._members_at_open, self._regime_at_open, self._rebound = None, STEADY, False
 
     # ----- refresh every S (B.8) -----
     def refresh(self, now: float) -> Forecast:
@@ -269,6 +284,10 @@ class WorkloadPredictor:
             cand_p, gated_p, cand_d, gated_d = self._factors_at_open
             self.bias_prefill.observe(record.raw_sources, record.realised_sources, cand_p, gated_p)
             self.bias_decode.observe(record.raw_decode_sources, record.realised_decode_sources, cand_d, gated_d)
+        if record is not None:  # measured against the steady level before this window moves it on
+            self._rebound = (
+                jumped(record.realised_arrivals, record.persistence_arrivals, self.combine_prefill.kalman.forecast)
+                or jumped(record.realised_decode, record.persistence_decode, self.combine_decode.kalman.forecast))
         steps = self.steps
         if record is not None and record.realised_arrivals > 0 and steps.step_open:
             self._step_seen = steps.step_started_at  # sync: nothing arrives between steps, so these are this step's
@@ -372,10 +391,9 @@ class WorkloadPredictor:
         persist_prefill, persist_decode = self.accuracy.persistence
         regime = self._regime(now, f_p["sandbox"] * sums["sandbox"].arrivals, persist_prefill)
         prefill_combiner, decode_combiner = self._combiners(regime)
-        if regime == LAUNCH:  # until launches have been compared, the lifecycle forecast only if steady windows trust it
-            for at_launch, steady in ((self.launch_prefill, self.combine_prefill),
-                                      (self.launch_decode, self.combine_decode)):
-                at_launch.prior = LIFECYCLE if steady.trusts(LIFECYCLE) else PERSISTENCE
+        if regime in (LAUNCH, REBOUND):  # until compared there, the lifecycle forecast only if steady windows trust it
+            for first, steady in zip(self._combiners(regime), (self.combine_prefill, self.combine_decode)):
+                first.prior = LIFECYCLE if steady.trusts(LIFECYCLE) else PERSISTENCE
         served_p = prefill_combiner.serve(arrivals, persist_prefill)
         served_d = decode_combiner.serve(life.decode_admission_tokens, persist_decode)
         served_kv = _scaled_kv(life, served_d.value)
@@ -415,15 +433,17 @@ class WorkloadPredictor:
             return self.launch_prefill, self.launch_decode
         if regime == SURGE:
             return self.surge_prefill, self.surge_decode
+        if regime == REBOUND:
+            return self.rebound_prefill, self.rebound_decode
         return self.combine_prefill, self.combine_decode
 
     def _regime(self, now: float, announced: float, persisted: float | None) -> str:
-        """LAUNCH (``_launch_unseen``), SURGE (``surging``) or STEADY."""
+        """LAUNCH (``_launch_unseen``), SURGE (``surging``), REBOUND (the last window ``jumped``) or STEADY."""
         if self._launch_unseen(now):
             return LAUNCH
         if surging(announced, persisted, self.combine_prefill.kalman.forecast):
             return SURGE
-        return STEADY
+        return REBOUND if self._rebound else STEADY
 
     def _launch_unseen(self, now: float) -> bool:
         """Sync steps: between steps (the next launch is coming), or a step launched that no closed window has seen

@@ -12,7 +12,7 @@ from sglang_prorsa.policy.control_plane import LifecycleControlPlane
 from sglang_prorsa.policy.forecast.combiner import MEMBERS, ForecastCombiner
 from sglang_prorsa.policy.forecast.config import ConfigError, PredictorConfig, apply_config_update
 from sglang_prorsa.policy.forecast.local_level import LocalLevelKalman
-from sglang_prorsa.policy.forecast.predictor import surging
+from sglang_prorsa.policy.forecast.predictor import jumped, surging
 from sglang_prorsa.policy.forecast.profile import PrefillTimeProfile
 from sglang_prorsa.policy.forecast.sampler import InjectionConfig, InjectionPolicy
 
@@ -50,6 +50,23 @@ def test_kalman_follows_a_jump_at_once_on_a_flat_series():
         k.observe(y)
     # flat: every increment 0, so m1 = 0 -> s_eps = 0, and the jump's increment makes s_eta > 0: K = 1
     assert k.gain == 1.0 and k.forecast == 3000.0
+
+
+def test_kalman_does_not_freeze_at_a_spike_on_a_flat_series():
+    """A flat series, one spike, then a gap (a sync step's launch after steady windows): the spike is taken whole
+    (no noise known yet, K = 1), and once its increments make the noise known the level is as uncertain as that one
+    observation, so the gap pulls it down (it was frozen at the spike when P stayed 0)."""
+    k = LocalLevelKalman(noise_half_life_windows=1.0)
+    for y in [1000.0] * 4 + [10000.0]:
+        k.observe(y)
+    assert k.gain == 1.0 and k.forecast == 10000.0 and k.variance is None
+    k.observe(0.0)
+    # increments 0, 0, 0, 9000, -10000 with weights halving: m0 = (0.5 * 9000^2 + 10000^2) / 1.9375 (the zeros add
+    # weight only), m1 = (0.5 * 0 + 9000 * -10000) / 1.875: s_eps = min(90e6 / 1.875, m0 / 2) = m0 / 2, s_eta = 0;
+    # P = s_eps (diffuse), F = 2 s_eps: K = 1/2 and the level halves
+    m0 = (0.5 * 9000.0 ** 2 + 10000.0 ** 2) / 1.9375
+    assert k.noise() == pytest.approx((m0 / 2, 0.0))
+    assert k.gain == pytest.approx(0.5) and k.forecast == pytest.approx(5000.0)
 
 
 def test_kalman_ignores_non_finite_values():
@@ -305,9 +322,12 @@ def test_a_sync_step_nobody_has_seen_arrive_yet_is_the_lifecycle_forecasts():
     clock.set(12.0)
     post(cp, {"trajectory_id": "a", "event": "request_arrived", "ts": 12.0, "prompt_tokens": 1000, "instance": "p0"})
     clock.set(20.0)
-    cp.tick()  # [10, 20) saw the step's first arrival: the members compete again (none compared yet: persistence)
+    cp.tick()  # [10, 20) saw the step's first arrival: no launch unseen any more, but 1000 after 0 is a jump
     fc = cp.predictor.latest
-    assert fc.served_prefill.member == "persistence" and fc.prefill_arrival_tokens == 1000.0
+    # a rebound, none compared yet, and nothing has trimmed the lifecycle forecast: it is served (persistence would
+    # repeat the step's first arrivals)
+    assert fc.regime == "rebound" and fc.served_prefill.member == "lifecycle"
+    assert fc.prefill_arrival_tokens == fc.lifecycle.prefill_arrival_tokens
     assert cp.predictor.combine_prefill.windows == 0  # [0, 10) held the launch, [10, 20) was forecast as one
 
 
@@ -364,6 +384,57 @@ def test_surge_windows_are_scored_among_surges_and_a_member_that_misses_them_los
     # the lifecycle forecast missed both surges by all it forecast; persistence (0) was exact: it is served now
     assert fc.served_prefill.members["lifecycle"].recent_wape is None  # nothing arrived: no WAPE, only errors
     assert fc.served_prefill.member != "lifecycle" and fc.prefill_arrival_tokens == pytest.approx(0.0)
+
+
+def burst(cp, clock, k: int, turns: int = 10) -> None:
+    """Window ``k`` (10 s each) brings ``turns`` whole turns of 1000 tokens at once, then the window closes."""
+    clock.set(10.0 * k + 2)
+    for i in range(turns):
+        one_turn(cp, f"b{k}-{i}", 10.0 * k + 2)
+    clock.set(10.0 * (k + 1))
+    cp.tick()
+
+
+def test_the_window_after_a_jump_is_a_rebound_scored_among_rebounds():
+    """A burst after a quiet spell (a sync step's first prompts after a training gap): persistence repeats it in the
+    next window by construction, so that window is scored among rebounds; the steady windows' ranking and guard never
+    see that error."""
+    assert jumped(3001.0, 1000.0, 10.0) and not jumped(3000.0, 1000.0, 10.0) and not jumped(3001.0, 10.0, 1001.0)
+    assert jumped(1.0, 0.0, None) and not jumped(1000.0, None, None) and not jumped(math.nan, 0.0, 0.0)
+    cp, clock = plane(default_prompt_tokens=1000)
+    cp.tick()
+    steady_windows(cp, clock, 0, 4)  # 1000 tokens a window
+    predictor = cp.predictor
+    steady = predictor.combine_prefill.windows
+    burst(cp, clock, 4)  # [40, 50): 10,000 tokens, 10x the level
+    fc = predictor.latest
+    assert fc.regime == "rebound" and fc.to_dict()["served"]["prefill"]["regime"] == "rebound"
+    # no rebound compared yet, and the steady windows trim the lifecycle forecast (0 where 1000 came): persistence
+    assert not predictor.combine_prefill.trusts("lifecycle")
+    assert fc.served_prefill.member == "persistence" and fc.prefill_arrival_tokens == 10000.0
+    quiet(cp, clock, 5, 6)  # [50, 110): nothing arrives (a gap); 0 after 10,000 is no jump
+    assert predictor.latest.regime == "steady"
+    assert predictor.rebound_prefill.windows == 1 and predictor.combine_prefill.windows == steady + 6  # + [40, 50)
+    burst(cp, clock, 11)
+    quiet(cp, clock, 12, 6)  # the second rebound, [120, 130): the first the rebound Kalman filter forecast
+    burst(cp, clock, 18)
+    fc = predictor.latest
+    # on the one rebound every member forecast, the Kalman filter of rebounds said 0 (exact: a burst is followed by
+    # the gap), persistence 10,000: the rebounds' own filter is selected, 0 served, not persistence's 10,000
+    members = fc.served_prefill.members
+    assert members["timeseries"].recent_wape is None and members["persistence"].recent_wape is None  # 0 realised
+    assert predictor.rebound_prefill.scores["timeseries"].error == 0.0
+    assert predictor.rebound_prefill.scores["persistence"].error == 10000.0
+    assert fc.regime == "rebound" and fc.served_prefill.member in ("timeseries", "lifecycle", "blend")
+    assert fc.prefill_arrival_tokens == pytest.approx(0.0)
+    assert predictor.rebound_prefill.windows == 2
+
+
+def quiet(cp, clock, start: int, count: int) -> None:
+    """``count`` windows from ``start`` in which nothing arrives."""
+    for k in range(start, start + count):
+        clock.set(10.0 * (k + 1))
+        cp.tick()
 
 
 def test_the_guard_serves_persistence_while_the_combination_loses_to_it():
