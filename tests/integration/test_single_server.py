@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import requests
 import torch
@@ -76,3 +78,31 @@ def test_a_sampling_parameters_list_that_does_not_fit_the_prompts_is_a_400(singl
                       json={"input_ids": [[5, 7], [9, 11]], "sampling_params": [{"max_new_tokens": 2}]})
     assert r.status_code == 400 and "1 objects for 2 prompts" in r.text, r.text
     assert len(generate_ids(single_server.url, [5, 7, 9], 3)) == 3
+
+
+def test_sglangs_own_id_fields_name_the_trajectory_without_any_header(single_server):
+    """``session_id``, ``routing_key`` and ``conversation_id`` (SGLang 0.5.23 takes each on /generate with no session
+    opened) report the request under that trajectory; a batch reports under none. A ``prefill_end`` posted for each
+    id afterwards is refused with the state the engine's events put it in: ``decoded``, or unknown."""
+    url = single_server.url
+    base = {"input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 3, "temperature": 0}}
+    before = requests.get(url + "/lifecycle/status", timeout=10).json()["events"]["applied"]
+    ids = {"session_id": "sg-session", "routing_key": "sg-routing", "conversation_id": "sg-conversation"}
+    for field, tid in ids.items():
+        r = requests.post(url + "/generate", timeout=120, json={**base, field: tid})
+        assert r.status_code == 200 and len(r.json()["output_ids"]) == 3, r.text
+    r = requests.post(url + "/generate", timeout=120, json={"input_ids": [[5, 6], [7, 8]], "routing_key": "sg-batch",
+                                                            "sampling_params": {"max_new_tokens": 2}})
+    assert r.status_code == 200 and len(r.json()) == 2, r.text
+    r = requests.post(url + "/generate", timeout=120, json={**base, "session_id": 5})
+    assert r.status_code == 400 and "session_id" in r.text, r.text  # SGLang's own validation, not a 500
+    deadline = time.monotonic() + 30  # the engine sends its events in the background, every 50 ms
+    while requests.get(url + "/lifecycle/status", timeout=10).json()["events"]["applied"] - before < 4 * len(ids):
+        assert time.monotonic() < deadline, "the engine's events did not arrive"
+        time.sleep(0.2)
+    probe = [{"trajectory_id": tid, "event": "prefill_end"} for tid in (*ids.values(), "sg-batch")]
+    answer = requests.post(url + "/lifecycle", timeout=10, json={"events": probe}).json()
+    assert [(r["trajectory_id"], r["state"], r["reason"]) for r in answer["rejections"]] == [
+        *((tid, "decoded", "invalid_transition") for tid in ids.values()), ("sg-batch", None, "unknown_trajectory")]
+    ends = [{"trajectory_id": tid, "event": event} for tid in ids.values() for event in ("reward_start", "reward_end")]
+    assert requests.post(url + "/lifecycle", timeout=10, json={"events": ends}).json()["applied"] == 2 * len(ids)

@@ -1,7 +1,8 @@
 """Engine-side lifecycle API: what the SGLang front calls when a request that carries a trajectory id moves.
 
 The engine observes ready / prefill / decode itself (SPEC.md, §4.1.1); the trainer cannot. Requests name their
-trajectory in the body field ``trajectory_id`` or the header ``X-Trajectory-Id`` (``trajectory_id_of`` reads both).
+trajectory in SGLang's own request fields or in ours (``trajectory_id_of`` owns the precedence, for the engine and the
+front alike).
 Each call becomes a ``LifecycleEvent`` handed to a sink (normally ``ControlPlane.ingest``), so the engine path and the
 HTTP replay path go through the same validation-free, already-typed state machine.
 """
@@ -14,21 +15,54 @@ from sglang_prorsa.policy.lifecycle.events import MAX_ID_CHARS, EventKind, Lifec
 
 TRAJECTORY_ID_HEADER = "X-Trajectory-Id"
 TRAJECTORY_ID_FIELD = "trajectory_id"
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"  # sglang-router's routing key
+# SGLang's own request fields (GenerateReqInput) naming a stable identity of a request's session, in precedence order.
+SGLANG_ID_FIELDS = ("session_id", "routing_key", "conversation_id")
 
 EventSink = Callable[[Sequence[LifecycleEvent]], Any]
 
 
-def trajectory_id_of(body: Mapping[str, Any] | None, headers: Mapping[str, str] | None) -> str | None:
-    """The request's trajectory id: body field first, then header (case-insensitive); None for untracked requests."""
-    value = body.get(TRAJECTORY_ID_FIELD) if body else None
-    if value is None and headers:
-        value = headers.get(TRAJECTORY_ID_HEADER)
-        if value is None:
-            lowered = TRAJECTORY_ID_HEADER.lower()
-            value = next((v for k, v in headers.items() if k.lower() == lowered), None)
-    if isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS:
-        return value
+def valid_id(value: Any) -> bool:
+    """A usable trajectory id: a non-empty string of at most ``MAX_ID_CHARS`` characters."""
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS
+
+
+def trajectory_id_of(fields: Mapping[str, Any] | None, headers: Mapping[str, str] | None) -> str | None:
+    """The request's trajectory id; None for an untracked request. The one precedence, first usable value wins:
+
+    1. SGLang's own fields, ``session_id``, ``routing_key``, ``conversation_id``: what a trainer already sends
+       SGLang needs no second copy of;
+    2. our body field ``trajectory_id``, then the header ``X-Trajectory-Id``;
+    3. sglang-router's ``X-SMG-Routing-Key`` header.
+
+    ``fields`` are the request's fields as SGLang's ``GenerateReqInput`` has them (a ``/generate`` body, or the object
+    an in-process caller built); ``headers`` may be None (in-process callers have none). A value that is not a
+    non-empty string of at most ``MAX_ID_CHARS`` characters (an int, a list, an over-long string) is skipped, not an
+    error: SGLang's own validation answers a mistyped field over HTTP with a 400 naming it. A ``routing_key`` equal to
+    the ``X-SMG-Routing-Key`` header ranks as that header: SGLang's OpenAI routes copy the header into the field, so
+    the engine, which sees only the field, and the front, which sees only the header, agree.
+    """
+    fields = fields or {}
+    router_key = _header(headers, ROUTING_KEY_HEADER)
+    for name in SGLANG_ID_FIELDS:
+        value = fields.get(name)
+        if valid_id(value) and not (name == "routing_key" and value == router_key):
+            return value
+    for value in (fields.get(TRAJECTORY_ID_FIELD), _header(headers, TRAJECTORY_ID_HEADER), router_key):
+        if valid_id(value):
+            return value
     return None
+
+
+def _header(headers: Mapping[str, str] | None, name: str) -> str | None:
+    """``name`` looked up case-insensitively (HTTP header names are; a plain dict's keys are not)."""
+    if not headers:
+        return None
+    value = headers.get(name)
+    if value is None:
+        lowered = name.lower()
+        value = next((v for k, v in headers.items() if k.lower() == lowered), None)
+    return value
 
 
 class EngineLifecycleReporter:

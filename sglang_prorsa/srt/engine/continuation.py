@@ -30,7 +30,7 @@ import orjson
 
 from sglang_prorsa.srt.common.http_utils import died_serving
 from sglang_prorsa.srt.common.messages import LOST_HEADER, MAX_DEATHS, RESUME_HEADER, ROLE_HEADER, Code, MigratedRequest
-from sglang_prorsa.srt.engine import aborts
+from sglang_prorsa.srt.engine import aborts, routed_experts
 from sglang_prorsa.srt.engine.peer_client import PeerClient, ResumeFailed
 from sglang_prorsa.srt.engine.peers import NoPair, Peer, PeerView
 from sglang_prorsa.srt.engine.stitch import Kept, Stitcher
@@ -46,9 +46,13 @@ LOAD_RETRIES = 2
 # (or a restart after a crash) brings a role back within seconds, and a request failed meanwhile is work lost for
 # an RL step. Only past this does the caller get an explicit error.
 NO_PAIR_WAIT_S = 120.0
-# Request fields a continuation carries over from the original (others are set here or meaningless for it).
+# Request fields a continuation carries over from the original (others are set here or meaningless for it). The
+# continuation's prompt is the original prompt plus the tokens kept, so ``routed_experts_start_len`` (an absolute
+# position) means the same there. ``session_id`` is not carried: with SGLang's session radix cache it would join a
+# session on the new instance; ``routing_key`` and ``conversation_id`` only label the request.
 _CARRIED = ("return_logprob", "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs", "lora_path",
-            "custom_logit_processor", "return_hidden_states", "priority")
+            "custom_logit_processor", "return_hidden_states", "priority", "return_routed_experts",
+            "routed_experts_start_len", "routing_key", "conversation_id")
 
 
 class SuspectedPoison(ResumeFailed):
@@ -265,8 +269,10 @@ def aborted_output(rid: str, prompt_tokens: int, message: str, weight_version: s
         "input_token_logprobs": [], "output_token_logprobs": [], "weight_versions": []}}
 
 
-def kept_from(record: MigratedRequest, state: Any, last_out: dict[str, Any] | None, delivered: tuple[int, int]) -> Kept:
-    """What the continuation keeps: the record's tokens, their logprobs from the tokenizer manager's state."""
+def kept_from(record: MigratedRequest, state: Any, last_out: dict[str, Any] | None, delivered: tuple[int, int],
+              routed_row_bytes: int = 0) -> Kept:
+    """What the continuation keeps: the record's tokens, their logprobs from the tokenizer manager's state, and the
+    routed experts the taken-off request's final output reported (``routed_row_bytes``: one position's bytes)."""
     k = len(record.output_ids)
     per_token: dict[str, list] = {}
     meta = (last_out or {}).get("meta_info") or {}
@@ -277,6 +283,8 @@ def kept_from(record: MigratedRequest, state: Any, last_out: dict[str, Any] | No
         elif state.obj.return_logprob and key == "output_token_logprobs":
             per_token[key] = []
     base = {key: meta[key] for key in ("cached_tokens",) if key in meta}
+    obj = state.obj
     return Kept(prompt_tokens=len(record.input_ids), ids=list(record.output_ids), per_token=per_token,
                 weight_spans=list(record.weight_versions), base_meta=base, delivered_ids=delivered[0],
-                delivered_text=delivered[1])
+                delivered_text=delivered[1], routed_experts=routed_experts.decoded(meta.get("routed_experts")),
+                routed_row_bytes=routed_row_bytes, routed_start=int(getattr(obj, "routed_experts_start_len", 0) or 0))

@@ -17,7 +17,7 @@ import contextvars
 import logging
 from typing import Any
 
-from sglang_prorsa.policy.lifecycle.events import MAX_ID_CHARS
+from sglang_prorsa.policy.lifecycle.engine_api import SGLANG_ID_FIELDS, trajectory_id_of
 from sglang_prorsa.srt.common.messages import RESUME_HEADER, ROLE_HEADER
 from sglang_prorsa.srt.engine import aborts, request_guard
 from sglang_prorsa.srt.engine.aborts import HandedBack
@@ -61,6 +61,7 @@ def wrap_generate_request(original):
             async for out in original(self, obj, request):
                 yield out
             return
+        obj._prorsa_trajectory = trajectory_of(obj, request)  # ours (not SGLang's); a batch's items never carry it
         if side.admission.rebuilding:  # the scheduler is mid-rebuild: nothing reaches it until its new role is up
             await side.admission.rebuilt()
         role = _header(request, ROLE_HEADER)
@@ -161,16 +162,16 @@ def _single(obj: Any) -> bool:
     return one_prompt and obj.input_embeds is None and int(sp.get("n", 1) or 1) == 1
 
 
-def trajectory_of(request: Any) -> str | None:
-    """The trajectory id a request carries: ``X-Trajectory-Id``, else sglang-router's ``X-SMG-Routing-Key`` (the
-    instance's middleware moves a ``trajectory_id`` body field into the first)."""
-    if request is None:
+def trajectory_of(obj: Any, request: Any) -> str | None:
+    """The trajectory a single request belongs to, read by ``engine_api.trajectory_id_of`` from SGLang's own fields
+    on ``obj`` (an in-process caller has no HTTP request) and the request's headers (the middleware moved a
+    ``trajectory_id`` body field into ``X-Trajectory-Id``). None for a batch (several prompts, or ``n`` > 1): a
+    trajectory is one request at a time, and a batch's prompts under one id would be concurrent arrivals of one
+    trajectory, which the tracker rejects."""
+    if not _single(obj):
         return None
-    for name in ("x-trajectory-id", "x-smg-routing-key"):
-        value = request.headers.get(name)
-        if value and len(value) <= MAX_ID_CHARS:
-            return value
-    return None
+    fields = {name: getattr(obj, name, None) for name in SGLANG_ID_FIELDS}
+    return trajectory_id_of(fields, request.headers if request is not None else None)
 
 
 def wrap_stream_one_response(original):
@@ -186,7 +187,8 @@ def wrap_stream_one_response(original):
                 yield out
             return
         report = side.events.enabled and side.role != "prefill" and _header(request, RESUME_HEADER) is None
-        tid = trajectory_of(request) if report else None
+        # Set by wrap_generate_request on the caller's object; SGLang hands a batch's items here as new objects.
+        tid = getattr(obj, "_prorsa_trajectory", None) if report else None
         if tid:
             side.events.arrived(obj.rid, tid, len(await side.tm_view.prompt_ids(obj)), _prefill_of(side, obj))
         aborts_at_entry = side.user_aborts

@@ -126,6 +126,12 @@ class TokenizerManagerView:
         """The weight version this instance serves, as SGLang reports it in each answer's meta."""
         return str(self.tm.config_value("weight_version")) if self.tm is not None else "default"
 
+    def routed_experts_row_bytes(self) -> int:
+        """One position's bytes in SGLang's ``routed_experts`` (int32, every hidden layer, ``num_experts_per_tok``
+        each: ``RoutedExpertsCapturer``); 0 for a model without routed experts."""
+        cfg = self.tm.model_config.hf_text_config
+        return 4 * int(getattr(cfg, "num_hidden_layers", 0) or 0) * int(getattr(cfg, "num_experts_per_tok", 0) or 0)
+
     async def prompt_ids(self, obj: Any) -> list[int]:
         """The request's prompt as token ids, as SGLang tokenizes it -- without SGLang's per-request state, which
         does not exist yet at arrival and is already deleted after an abort that carries a status. A text prompt's

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from sglang_prorsa.policy.lifecycle.engine_api import valid_id
+
 if TYPE_CHECKING:
     from sglang_prorsa.srt.engine.side import EngineSide
 
@@ -187,8 +189,11 @@ def _move_trajectory_id(body: bytes, scope: dict) -> tuple[bytes, dict]:
         return body, scope
     tid = parsed.pop("trajectory_id")
     body = orjson.dumps(parsed)
-    headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-length", b"x-trajectory-id")]
-    if isinstance(tid, str) and tid:
+    # An unusable body value (not a string, empty, over-long) is skipped as engine_api.trajectory_id_of skips it: the
+    # header, if any, stays, so this instance reads the id the front read.
+    dropped = (b"content-length", b"x-trajectory-id") if valid_id(tid) else (b"content-length",)
+    headers = [(k, v) for k, v in scope["headers"] if k not in dropped]
+    if valid_id(tid):
         headers.append((b"x-trajectory-id", tid.encode()))
     headers.append((b"content-length", str(len(body)).encode()))
     return body, {**scope, "headers": headers}

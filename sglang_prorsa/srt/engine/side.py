@@ -139,7 +139,8 @@ class Resumer:
             self.counters["handed_on"] += 1
             yield handed_on_output(obj.rid, len(record.input_ids), self.tm.weight_version())
             return
-        kept = kept_from(record, state, last_out, delivered)
+        kept = kept_from(record, state, last_out, delivered,
+                         self.tm.routed_experts_row_bytes() if getattr(obj, "return_routed_experts", False) else 0)
         sp = obj.sampling_params or {}
         stop = sp.get("stop") or []
         stops = [stop] if isinstance(stop, str) else list(stop)

@@ -2,16 +2,18 @@
 
 Pure (no I/O): fed the continuation's outputs one by one, it returns what the original request's caller should see
 next, in the shape SGLang's tokenizer manager gives that caller (streaming or not, cumulative or incremental), so
-output ids, text, per-token logprobs and ``meta_info`` (finish reason, token counts, ``weight_versions``) read as one
-uninterrupted run would report them. It also honours a stop string that straddles the point where the request
-moved: the instance that continues sees only its own tokens and cannot match it (beyond the paper: Appendix C does
-not discuss stop conditions).
+output ids, text, per-token logprobs and ``meta_info`` (finish reason, token counts, ``weight_versions``,
+``routed_experts``: ``routed_experts.py``) read as one uninterrupted run would report them. It also honours a stop
+string that straddles the point where the request moved: the instance that continues sees only its own tokens and
+cannot match it (beyond the paper: Appendix C does not discuss stop conditions).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
+
+from sglang_prorsa.srt.engine import routed_experts
 
 # Output-side meta_info entries with one item per output token (SGLang's _INCREMENTAL_STREAMING_META_INFO_KEYS).
 PER_TOKEN_KEYS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
@@ -28,6 +30,9 @@ class Kept:
     base_meta: dict[str, Any] = field(default_factory=dict)  # e.g. cached_tokens of the first attempt
     delivered_ids: int = 0  # ids the caller already received (streaming)
     delivered_text: int = 0  # characters of text the caller already received (streaming)
+    routed_experts: bytes | None = None  # the first part's rows (routed_experts.py), from position routed_start
+    routed_row_bytes: int = 0  # one position's bytes of them (0: unknown)
+    routed_start: int = 0  # the request's routed_experts_start_len
 
 
 @dataclass(frozen=True)
@@ -148,9 +153,11 @@ class Stitcher:
         """The continuation failed part-way: what it produced becomes kept, for the next one to continue from."""
         n_new = len(self._ids) - len(self.kept.ids)
         per_token, spans = self._full(self._meta, n_new)
+        # A failed attempt sent no routed_experts (they come with a final output): the first part's rows stay.
         self.kept = Kept(prompt_tokens=self.kept.prompt_tokens, ids=list(self._ids), per_token=per_token,
                          weight_spans=spans, base_meta=self.kept.base_meta, delivered_ids=self._sent_ids,
-                         delivered_text=self._sent_text)
+                         delivered_text=self._sent_text, routed_experts=self.kept.routed_experts,
+                         routed_row_bytes=self.kept.routed_row_bytes, routed_start=self.kept.routed_start)
         self._meta = {}
         self._straddle_cleared = not self.stop
 
@@ -165,6 +172,12 @@ class Stitcher:
         spans = merge_spans(list(self.kept.weight_spans)
                             + [(v, s + k, min(e, n_new) + k) for v, s, e in continuation_spans(cont_meta, n_new)])
         return per_token, spans
+
+    def _routed_experts(self, cont: Any, n_ids: int) -> str | None:
+        kept = self.kept
+        prompt = kept.prompt_tokens
+        return routed_experts.stitched(kept.routed_experts, cont, row_bytes=kept.routed_row_bytes,
+                                       start=kept.routed_start, kept_end=prompt + len(kept.ids), end=prompt + n_ids - 1)
 
     def _output(self, cont_meta: dict[str, Any], finish: dict[str, Any] | None, n_new: int) -> dict[str, Any]:
         ids = self._ids
@@ -183,6 +196,11 @@ class Stitcher:
         if spans:
             meta["weight_versions"] = [{"version": v, "start": s, "end": e} for v, s, e in spans]
             meta["weight_version"] = spans[-1][0]
+        meta.pop("routed_experts", None)
+        if finish is not None:  # SGLang sends them with the final output only
+            routed = self._routed_experts(cont_meta.get("routed_experts"), len(ids))
+            if routed is not None:
+                meta["routed_experts"] = routed
         meta["prorsa"] = {"migrations": flat_migrations(self.migrations)}
         text = self._text(ids, finish)
         if self.shape.stream and self.shape.incremental:

@@ -26,7 +26,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from sglang_prorsa.policy.lifecycle.events import MAX_ID_CHARS
+from sglang_prorsa.policy.lifecycle.engine_api import TRAJECTORY_ID_FIELD, trajectory_id_of
 from sglang_prorsa.srt.common.http_utils import UPSTREAM_KEEPALIVE_S, died_serving, post_fresh
 from sglang_prorsa.srt.common.messages import LOST_HEADER, MAX_DEATHS, ROLE_HEADER, ROUTE_HEADER, Code
 from sglang_prorsa.srt.common.registry import Instance, Registry
@@ -100,7 +100,7 @@ class Relay:
             return _error(400, Code.INVALID, f"field 'body': malformed JSON ({e})", "body")
         if not isinstance(body, dict):
             return _error(400, Code.INVALID, "field 'body': must be a JSON object", "body")
-        tid = _trajectory(body, request)
+        tid = trajectory(request.url.path, body, request.headers)
         prompt = prompt_tokens(request.url.path, body)
         stream = bool(body.get("stream"))
         headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS}
@@ -228,11 +228,14 @@ def _error(status: int, code: Code, message: str, field: str | None = None) -> J
     return JSONResponse(body, status_code=status)
 
 
-def _trajectory(body: dict, request: Request) -> str | None:
-    value = body.get("trajectory_id")
-    if not isinstance(value, str) or not value:
-        value = request.headers.get("x-trajectory-id") or request.headers.get("x-smg-routing-key")
-    return value if value and len(value) <= MAX_ID_CHARS else None
+def trajectory(path: str, body: dict, headers: Any) -> str | None:
+    """The request's trajectory id, for affinity: ``engine_api.trajectory_id_of`` over the fields the target route
+    gives SGLang's ``GenerateReqInput``, so the front and the instance that reports the trajectory read the same id.
+    ``/generate`` takes ``session_id``, ``routing_key`` and ``conversation_id`` from the body; SGLang's OpenAI routes
+    take ``session_id`` only (their ``routing_key`` is the ``X-SMG-Routing-Key`` header, read as the header)."""
+    names = ("session_id",) if path.startswith("/v1/") else ("session_id", "routing_key", "conversation_id")
+    fields = {name: body.get(name) for name in (*names, TRAJECTORY_ID_FIELD)}
+    return trajectory_id_of(fields, headers)
 
 
 def prompt_tokens(path: str, body: dict) -> int:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from starlette.datastructures import Headers
 
 from sglang_prorsa.srt.common.registry import Instance, Registry, State
-from sglang_prorsa.srt.front.relay import NoRoute, Relay, _with_bootstrap, prompt_tokens
+from sglang_prorsa.srt.front.relay import NoRoute, Relay, _with_bootstrap, prompt_tokens, trajectory
 
 
 def prefill(iid="p", port=9000, **kw):
@@ -72,3 +73,31 @@ def test_only_active_instances_are_picked():
     reg.set_state(a, State.DRAINING)
     with pytest.raises(NoRoute):
         relay._pick_first("prefill", None, set())
+
+
+@pytest.mark.parametrize("path,body,headers,want", [
+    ("/generate", {"routing_key": "rk"}, {}, "rk"),
+    ("/generate", {"conversation_id": "c", "trajectory_id": "b"}, {"X-Trajectory-Id": "h"}, "c"),
+    ("/generate", {"session_id": "s", "routing_key": "rk"}, {}, "s"),
+    ("/generate", {"trajectory_id": "b"}, {"X-Trajectory-Id": "h"}, "b"),
+    ("/generate", {"routing_key": 5, "trajectory_id": "x" * 10_000}, {"x-smg-routing-key": "smg"}, "smg"),
+    ("/v1/chat/completions", {"session_id": "s"}, {"X-Trajectory-Id": "h"}, "s"),
+    # SGLang's OpenAI routes take no routing_key or conversation_id from the body (routing_key is the router header)
+    ("/v1/chat/completions", {"routing_key": "rk", "conversation_id": "c"}, {"X-Trajectory-Id": "h"}, "h"),
+    ("/v1/completions", {"routing_key": "rk"}, {"X-SMG-Routing-Key": "smg"}, "smg"),
+    ("/v1/completions", {"prompt": "p"}, {}, None),
+])
+def test_the_trajectory_for_affinity_is_the_id_the_instance_reports(path, body, headers, want):
+    """The relay reads the fields the target route gives SGLang's request, by engine_api's one precedence."""
+    assert trajectory(path, body, Headers(headers=headers)) == want
+
+
+def test_affinity_follows_a_routing_key_without_any_header():
+    reg = Registry()
+    a, b = reg.add(prefill("a", 1)), reg.add(prefill("b", 2))
+    relay = Relay(reg, pd=True)
+    tid = trajectory("/generate", {"routing_key": "rk-traj"}, Headers(headers={}))
+    assert relay._pick_first("prefill", tid, set()).instance_id == "a"
+    a.inflight_prompt_tokens = 100  # b is now the least loaded, a is still close enough: its turns stay on a
+    assert relay._pick_first("prefill", tid, set()).instance_id == "a" and relay.stats["affinity_hits"] == 1
+    assert list(relay.affinity) == ["rk-traj"] and b.instance_id == "b"

@@ -4,7 +4,8 @@ import pytest
 
 from sglang_prorsa.policy.clock import ManualClock
 from sglang_prorsa.policy.control_plane import LifecycleControlPlane
-from sglang_prorsa.policy.lifecycle.engine_api import trajectory_id_of
+from sglang_prorsa.policy.lifecycle.engine_api import trajectory_id_of, valid_id
+from sglang_prorsa.policy.lifecycle.events import MAX_ID_CHARS
 from sglang_prorsa.policy.lifecycle.states import TrajState
 
 
@@ -14,6 +15,48 @@ def test_trajectory_id_from_body_or_header():
     assert trajectory_id_of({}, {"X-Trajectory-Id": "h"}) == "h"
     assert trajectory_id_of({"trajectory_id": 5}, None) is None
     assert trajectory_id_of(None, None) is None
+
+
+ALL_FIELDS = {"session_id": "s", "routing_key": "rk", "conversation_id": "c", "trajectory_id": "b"}
+ALL_HEADERS = {"X-Trajectory-Id": "h", "X-SMG-Routing-Key": "smg"}
+
+
+@pytest.mark.parametrize("fields,headers,want", [
+    ({"session_id": "s"}, None, "s"),
+    ({"routing_key": "rk"}, None, "rk"),
+    ({"conversation_id": "c"}, None, "c"),
+    ({"trajectory_id": "b"}, None, "b"),
+    ({}, {"X-Trajectory-Id": "h"}, "h"),
+    ({}, {"x-smg-routing-key": "smg"}, "smg"),
+    # all together, then each source removed in precedence order
+    (ALL_FIELDS, ALL_HEADERS, "s"),
+    ({**ALL_FIELDS, "session_id": None}, ALL_HEADERS, "rk"),
+    ({"conversation_id": "c", "trajectory_id": "b"}, ALL_HEADERS, "c"),
+    ({"trajectory_id": "b"}, ALL_HEADERS, "b"),
+    ({}, ALL_HEADERS, "h"),
+])
+def test_one_precedence_sglang_fields_then_ours_then_the_router_key(fields, headers, want):
+    assert trajectory_id_of(fields, headers) == want
+
+
+def test_a_routing_key_copied_from_the_router_header_ranks_as_that_header():
+    """SGLang's OpenAI routes fill ``routing_key`` from ``X-SMG-Routing-Key``: the engine sees the field, the front the
+    header; both must still prefer ``X-Trajectory-Id``."""
+    assert trajectory_id_of({"routing_key": "smg"}, ALL_HEADERS) == "h"
+    assert trajectory_id_of({"routing_key": "smg"}, {"X-SMG-Routing-Key": "smg"}) == "smg"
+    assert trajectory_id_of({"routing_key": "rk"}, ALL_HEADERS) == "rk"
+
+
+@pytest.mark.parametrize("bad", [5, 5.0, True, ["a", "b"], {"id": "a"}, "", "x" * (MAX_ID_CHARS + 1)])
+def test_an_unusable_value_is_skipped_for_the_next_source(bad):
+    """Wrong types (a list: a batch's per-prompt ids, which SGLang's fields do not take) and over-long ids are not
+    ids: the next source is read, and nothing raises (over HTTP, SGLang answers a mistyped field itself)."""
+    for name in ("session_id", "routing_key", "conversation_id", "trajectory_id"):
+        assert trajectory_id_of({name: bad}, None) is None
+        assert trajectory_id_of({name: bad}, {"X-SMG-Routing-Key": "smg"}) == "smg"
+    assert trajectory_id_of({}, {"X-Trajectory-Id": "x" * (MAX_ID_CHARS + 1), "X-SMG-Routing-Key": "smg"}) == "smg"
+    assert trajectory_id_of({"session_id": "x" * MAX_ID_CHARS}, None) == "x" * MAX_ID_CHARS
+    assert not valid_id(bad) and valid_id("t")
 
 
 def test_engine_calls_drive_the_tracker_with_clock_stamps():
