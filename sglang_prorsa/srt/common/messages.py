@@ -38,6 +38,7 @@ class Code(str, enum.Enum):
     CONTROL_OPERATION = "control_operation"  # a weight update / pause / memory release holds switches
     PAUSED = "paused"
     UNKNOWN_INSTANCE = "unknown_instance"
+    STARTED_HERE = "started_here"  # the front started this instance (and restarts it): it cannot be removed by id
     NO_INSTANCE = "no_instance"  # no routable instance of a role
     UNAUTHORIZED = "unauthorized"
     INVALID = "invalid"  # a malformed request (the message names the field)

@@ -1,7 +1,8 @@
 """The controller's registry of engine instances: the one owner of who serves which role, in which state.
 
 Instances enter it two ways: started by a front (``launcher.py``), or registered by URL
-(``launch_server --prorsa-controller URL`` on any machine, ``POST /prorsa/register``). Every change of role or state
+(``launch_server --prorsa-controller URL`` on any machine, ``POST /prorsa/register``; a trainer's ``POST /workers``,
+``controller/workers.py``), and one URL is one entry whichever way it came. Every change of role or state
 bumps ``version``; the controller pushes the list to all instances (``POST /prorsa/peers``, once per change they must
 see: ``Orchestrator.push_peers``), which continue resumed requests on the peers they know.
 """
@@ -122,12 +123,13 @@ class Registry:
 
     def register(self, instance_id: str, url: str, role: str, bootstrap_host: str,
                  bootstrap_port: int | None) -> tuple[Instance, bool]:
-        """An instance announces itself (again): (its entry, whether it is new). A known instance keeps the state the
-        controller tracks; only its liveness is refreshed."""
-        known = self.instances.get(instance_id)
+        """An instance announces itself (again): (its entry, whether it is new). A known instance -- by id, or by URL
+        under another id (one engine posted to ``POST /workers`` that also registers itself) -- keeps the state the
+        controller tracks; only its liveness is refreshed. One URL is never two entries."""
+        known = self.instances.get(instance_id) or self.by_url(url)
         if known is not None:
             known.last_seen = time.time()
-            if known.state in (State.DEAD, State.UNHEALTHY) and known.url == url:
+            if known.state in (State.DEAD, State.UNHEALTHY) and known.url == url.rstrip("/"):
                 # Back after a restart: its transfer endpoints are new (decode instances re-learn them).
                 known.state, known.role, known.epoch = State.ACTIVE, role, known.epoch + 1
                 known.missed_checks = 0
@@ -136,6 +138,16 @@ class Registry:
         inst = Instance(instance_id=instance_id, url=url.rstrip("/"), role=role, bootstrap_host=bootstrap_host,
                         bootstrap_port=bootstrap_port, state=State.ACTIVE, last_seen=time.time())
         return self.add(inst), True
+
+    def by_url(self, url: str) -> Instance | None:
+        url = url.rstrip("/")
+        return next((i for i in self.instances.values() if i.url == url), None)
+
+    def remove(self, instance_id: str) -> Instance:
+        inst = self.get(instance_id)
+        del self.instances[instance_id]
+        self.bump()
+        return inst
 
     def set_state(self, inst: Instance, state: State, target_role: str | None = None) -> None:
         inst.state, inst.target_role = state, target_role

@@ -99,6 +99,7 @@ CLASS_LEVEL: tuple[tuple[str, str], ...] = (
                                                                               "continued without SGLang's state"),
     *((f"sglang.srt.managers.tokenizer_manager:TokenizerManager.{name}", "wrapped: serialised with switches")
       for name in ("update_weights_from_disk", "update_weights_from_tensor", "update_weights_from_distributed",
+                   "update_weights_from_ipc", "begin_weight_update", "end_weight_update", "check_weights",
                    "init_weights_update_group", "destroy_weights_update_group", "flush_cache", "pause_generation",
                    "continue_generation", "release_memory_occupation", "resume_memory_occupation")),
     ("sglang.srt.mem_cache.radix_cache:RadixKey", "prefix-cache keys for loaded prefixes"),
@@ -174,14 +175,16 @@ _TM = "sglang.srt.managers.tokenizer_manager"
 _SB = "sglang.srt.managers.schedule_batch"
 _MC = "sglang.srt.mem_cache"
 # Fields of GenerateReqInput that request_guard.py checks per prompt (PER_PROMPT, PD_FIELDS) and that a continuation
-# carries over (continuation._CARRIED); a unit test keeps these in step with those lists.
+# carries over (continuation._CARRIED), and the trajectory id fields hooks.py reads (engine_api.SGLANG_ID_FIELDS); a
+# unit test keeps these in step with those lists.
 GENERATE_REQ_FIELDS: tuple[str, ...] = (
     "rid", "text", "input_ids", "input_embeds", "sampling_params", "stream", "image_data", "video_data", "audio_data",
     "session_params", "session_id", "positional_embed_overrides", "token_ids_logprob", "disagg_prefill_dp_rank",
     "routed_dp_rank", "data_parallel_rank", "return_logprob", "logprob_start_len", "top_logprobs_num",
     "return_sampling_mask", "lora_path", "lora_id", "custom_logit_processor", "extra_key", "cache_salt",
     "return_hidden_states", "return_text_in_logprobs", "priority", "bootstrap_room", "bootstrap_host",
-    "bootstrap_port", "bootstrap_pair_key", "decode_tp_size",
+    "bootstrap_port", "bootstrap_pair_key", "decode_tp_size", "return_routed_experts", "routed_experts_start_len",
+    "routing_key", "conversation_id",
 )
 # SamplingParams attributes a taken-off request's record carries (scheduler/extension.py _SAMPLING_FIELDS).
 SAMPLING_PARAMS_FIELDS: tuple[str, ...] = (
@@ -209,7 +212,8 @@ INSTANCE_LEVEL: tuple[tuple[str, tuple[str, ...], str], ...] = (
     (f"{_TM}:TokenizerManager", ("rid_to_state", "model_update_lock", "incremental_streaming_output",
                                  "disaggregation_mode", "tokenizer", "server_args", "model_config", "is_pause"),
      "engine side: role, held rooms, resume, request limits, the deferred flush"),
-    ("sglang.srt.configs.model_config:ModelConfig", ("vocab_size",), "request_guard limits"),
+    ("sglang.srt.configs.model_config:ModelConfig", ("vocab_size", "hf_text_config"),
+     "request_guard limits; a routed_experts row's size (engine/local.py)"),
     ("sglang.srt.server_args:ServerArgs", ("host", "port", "device", "model_path", "api_key", "admin_api_key",
                                            "disaggregation_mode", "disaggregation_bootstrap_port",
                                            "disaggregation_transfer_backend", "enable_pd_role_switch",

@@ -2,11 +2,13 @@
 
     POST /generate, /v1/completions, /v1/chat/completions   relayed to a pair (or an instance): ``front/relay.py``
     POST /lifecycle, /lifecycle/config; GET /lifecycle/*, /prorsa/forecast          the lifecycle control plane
-    GET  /prorsa/instances, /prorsa/decision, /prorsa/metrics, /metrics, /workers, /health
+    GET  /prorsa/instances, /prorsa/decision, /prorsa/metrics, /metrics, /health
     POST /prorsa/switch {"instance", "new_role"}, /prorsa/control_tick, /prorsa/register
+    GET/POST /workers, GET/DELETE /workers/{id}        sglang-router 0.3.2's worker API (``workers.py``)
     GET  /v1/models, /get_model_info, /get_server_info      answered by an active instance
     SGLang's control routes (weights, pause/continue, flush, memory, abort, health_generate, /v1/loads): fanned
-    out to every instance (``control_ops.py``); GET /get_load: per-instance loads
+    out to every instance (``control_ops.py``; weight-update groups and tensor updates: ``weight_sync.py``);
+    GET /get_load: per-instance loads
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from sglang_prorsa.srt.common.auth import install as install_auth
 from sglang_prorsa.srt.common.http_utils import coded_error, field_error, json_body
 from sglang_prorsa.srt.common.messages import Code
 from sglang_prorsa.srt.common.registry import Registry, State, UnknownInstance
+from sglang_prorsa.srt.controller import workers
 from sglang_prorsa.srt.controller.control_ops import ControlOps
 from sglang_prorsa.srt.controller.control_ops import mount as mount_control_ops
 from sglang_prorsa.srt.controller.health import Health
@@ -145,25 +148,11 @@ def build_app(front: Front) -> FastAPI:
         problem = _check_registration(body)
         if problem:
             return field_error(*problem)
-        inst, new = front.registry.register(body["instance_id"], body["url"], body["role"],
-                                            body.get("bootstrap_host") or "127.0.0.1", body.get("bootstrap_port"))
-        if new:
-            logger.info("instance %s registered from %s as %s", inst.instance_id, inst.url, inst.role)
-            await front.orchestrator.push_peers()
-            if front.orchestrator.router is not None and inst.role in ("prefill", "decode"):
-                await front.orchestrator.router.add_eventually(inst.url, inst.role, inst.bootstrap_port)
+        inst, new = await workers.join(front, body["instance_id"], body["url"], body["role"],
+                                       body.get("bootstrap_host") or "127.0.0.1", body.get("bootstrap_port"))
         return {"instance": inst.describe(), "new": new, "version": front.registry.version}
 
-    @app.get("/workers")
-    async def workers():
-        """sglang-router's listing shape, so tooling that lists workers keeps working."""
-        items = [{"id": i.instance_id, "url": i.url, "worker_type": i.role if i.role != "null" else "regular",
-                  "bootstrap_port": i.bootstrap_port, "is_healthy": i.state is State.ACTIVE, "status": i.state.value}
-                 for i in front.registry]
-        stats = {"prefill_count": sum(w["worker_type"] == "prefill" for w in items),
-                 "decode_count": sum(w["worker_type"] == "decode" for w in items),
-                 "regular_count": sum(w["worker_type"] == "regular" for w in items)}
-        return {"workers": items, "total": len(items), "stats": stats}
+    workers.mount(app, front)  # sglang-router's worker API: GET/POST /workers, GET/DELETE /workers/{id}
 
     @app.get("/prorsa/metrics")
     async def prorsa_metrics():

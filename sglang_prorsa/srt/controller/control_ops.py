@@ -3,7 +3,9 @@
 Each call is sent, with its body unchanged, to every live instance whatever its role or state, and answered once
 all have answered: SGLang's own response shape (from the first instance) when every instance succeeded, else
 ``{"success": false, "message": ..., "instances": {...}}`` with each instance's status and answer, under the first
-failing status. Every answer also lists the per-instance results under ``instances``.
+failing status. Every answer also lists the per-instance results under ``instances``. Two calls cannot take one body
+for all (``weight_sync.py``): a weight-update group gives each instance its own ``rank_offset``, and tensors passed
+by CUDA-IPC handle are refused when there is more than one instance.
 
 Switch safety: a control operation takes the orchestrator's lock, so it waits for a switch in flight to finish and no
 switch starts while it runs; a pause holds switches until ``/continue_generation``, a memory release until
@@ -25,6 +27,7 @@ from fastapi.responses import JSONResponse, Response
 from sglang_prorsa.srt.common.auth import admin
 from sglang_prorsa.srt.common.messages import Code
 from sglang_prorsa.srt.common.registry import State
+from sglang_prorsa.srt.controller import weight_sync
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +48,13 @@ OPS: tuple[ControlOp, ...] = (
     ControlOp("/update_weights_from_disk", lifecycle="weights"),
     ControlOp("/update_weights_from_tensor", lifecycle="weights"),
     ControlOp("/update_weights_from_distributed", lifecycle="weights"),
-    ControlOp("/init_weights_update_group"),
+    ControlOp("/update_weights_from_ipc", lifecycle="weights"),
+    # SGLang 0.5.23 loads tensor and distributed updates only inside a session: begin, update(s), end. The session
+    # holds switches, as a pause does, so no instance changes role with half-loaded weights.
+    ControlOp("/begin_weight_update", holds="weight update session"),
+    ControlOp("/end_weight_update", releases="weight update session"),
+    ControlOp("/weights_checker", methods=("GET", "POST")),
+    ControlOp("/init_weights_update_group"),  # each instance its own rank_offset (weight_sync.py)
     ControlOp("/destroy_weights_update_group"),
     ControlOp("/update_weight_version", lifecycle="weights"),
     ControlOp("/pause_generation", holds="generation paused", lifecycle="pause"),
@@ -79,7 +88,11 @@ class ControlOps:
         async with orchestrator.lock:  # no switch in flight, none starting
             orchestrator.held_by = op.path
             try:
-                results = await self._fan_out(op, method, body, headers, query)
+                targets = self.targets()
+                planned = await weight_sync.plan(self.front, op.path, body, targets)
+                if isinstance(planned, Response):  # refused before any instance saw it
+                    return planned
+                results = await self._fan_out(op, method, body, headers, query, targets, planned)
             finally:
                 orchestrator.held_by = self.holding
         ok = all(200 <= r["status"] < 300 for r in results.values())
@@ -91,19 +104,19 @@ class ControlOps:
             orchestrator.held_by = self.holding
             self._tell_lifecycle(op, body)
         self.calls += 1
-        return _combine(results, ok)
+        return _combine(results, ok, planned.answer if planned is not None else None)
 
-    async def _fan_out(self, op: ControlOp, method: str, body: bytes, headers: dict[str, str],
-                       query: str = "") -> dict[str, dict]:
+    async def _fan_out(self, op: ControlOp, method: str, body: bytes, headers: dict[str, str], query: str,
+                       targets: list[Any], planned: weight_sync.Plan | None) -> dict[str, dict]:
         session = self.front.relay.session()
-        targets = self.targets()
         # The query string goes along as it came: SGLang's own parameters live there (``/flush_cache?timeout=S``
         # waits up to S seconds for the scheduler to be idle instead of refusing at once, SGLang 0.5.23).
         path = op.path + (f"?{query}" if query else "")
 
         async def one(inst) -> dict:
+            data = planned.bodies.get(inst.instance_id, body) if planned is not None else body
             try:
-                async with session.request(method, inst.url + path, data=body or None, headers=headers,
+                async with session.request(method, inst.url + path, data=data or None, headers=headers,
                                            timeout=_timeout()) as r:
                     raw = await r.read()
                     return {"status": r.status, "raw": raw, "content_type": r.headers.get("Content-Type", "")}
@@ -146,7 +159,7 @@ def _json(raw: bytes | None) -> Any:
         return raw[:2000].decode(errors="replace")
 
 
-def _combine(results: dict[str, dict], ok: bool) -> Response:
+def _combine(results: dict[str, dict], ok: bool, extra: dict[str, Any] | None = None) -> Response:
     per_instance = {iid: {"status": r["status"], "body": _json(r.get("raw")) if r.get("raw") is not None
                           else r.get("error")} for iid, r in results.items()}
     if not results:
@@ -155,14 +168,14 @@ def _combine(results: dict[str, dict], ok: bool) -> Response:
     if ok:
         first = per_instance[next(iter(per_instance))]["body"]
         body = dict(first) if isinstance(first, dict) else {"success": True}
-        body["instances"] = per_instance
+        body.update(extra or {}, instances=per_instance)
         return JSONResponse(body)
     failed = {iid: r for iid, r in per_instance.items() if not 200 <= r["status"] < 300}
     status = next(iter(failed.values()))["status"]
     codes = {r["body"].get("code") if isinstance(r["body"], dict) else None for r in failed.values()}
     code = codes.pop() if len(codes) == 1 and None not in codes else Code.UPSTREAM.value  # one shared cause: say it
     return JSONResponse({"success": False, "message": f"{len(failed)} of {len(results)} instances failed",
-                         "code": code, "instances": per_instance}, status_code=status)
+                         "code": code, **(extra or {}), "instances": per_instance}, status_code=status)
 
 
 def mount(app: FastAPI, ops: ControlOps) -> None:

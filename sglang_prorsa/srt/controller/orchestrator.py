@@ -151,6 +151,10 @@ class Orchestrator:
                 await self.router.remove(inst.url)  # it may be listed under the other role from an earlier run
                 await self.router.add_eventually(inst.url, inst.role, inst.bootstrap_port)
 
+    def forget(self, instance_id: str) -> None:
+        """``instance_id`` left the registry: a later instance under that id is sent the peer list afresh."""
+        self._delivered.pop(instance_id, None)
+
     async def push_peers(self, back_in: Instance | None = None) -> None:
         """Every instance learns the registry (where resumed requests may go) before anything else happens.
 

@@ -22,6 +22,11 @@ GUARDED: dict[str, tuple[str | None, str | None]] = {
     "update_weights_from_disk": (None, None),
     "update_weights_from_tensor": (None, None),
     "update_weights_from_distributed": (None, None),
+    "update_weights_from_ipc": (None, None),
+    # SGLang 0.5.23 loads tensor and distributed updates only between these two: no switch with half-loaded weights
+    "begin_weight_update": ("weight update session", None),
+    "end_weight_update": (None, "weight update session"),
+    "check_weights": (None, None),  # its reset_tensors action changes the weights
     "init_weights_update_group": (None, None),
     "destroy_weights_update_group": (None, None),
     "flush_cache": (None, None),

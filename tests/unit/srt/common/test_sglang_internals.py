@@ -33,11 +33,13 @@ def test_instance_attributes_are_read_from_the_class_source():
 
 def test_our_field_lists_are_declared():
     """The names our code reads by a computed name (getattr(obj, name)) are all declared."""
+    from sglang_prorsa.policy.lifecycle.engine_api import SGLANG_ID_FIELDS
     from sglang_prorsa.srt.engine import continuation, request_guard
     from sglang_prorsa.srt.scheduler import extension
 
     assert set(request_guard.PER_PROMPT + request_guard.PD_FIELDS) <= set(si.GENERATE_REQ_FIELDS)
     assert set(continuation._CARRIED) <= set(si.GENERATE_REQ_FIELDS)
+    assert set(SGLANG_ID_FIELDS) <= set(si.GENERATE_REQ_FIELDS)  # hooks.trajectory_of reads them on the request
     assert set(extension._SAMPLING_FIELDS) <= set(si.SAMPLING_PARAMS_FIELDS)
     declared = {t: set(a) for t, a, _ in si.INSTANCE_LEVEL}
     assert set(si.GENERATE_REQ_FIELDS) <= declared["sglang.srt.managers.io_struct:GenerateReqInput"]
