@@ -9,6 +9,10 @@ Every ``sglang.launch_server`` flag passes through unchanged. On top:
   with its own engine instances instead of one server (``srt/controller/launcher.py``);
 - ``--prorsa-controller URL``: one engine instance that registers with a controller (on this or another machine).
 
+``launch_server(server_args, ...)`` below serves the same instance from a function with the signature of SGLang's
+``sglang.srt.entrypoints.http_server.launch_server``: a framework that starts its engines by calling SGLang's (slime)
+switches by changing that one import.
+
 Our flags are parsed once into a frozen ``ProrsaConfig`` (``sglang_prorsa/config.py``) and handed down whole.
 """
 
@@ -99,14 +103,20 @@ def instance_spec(config: ProrsaConfig, sglang_argv: list[str]) -> InstanceSpec:
     """The spec of the one instance this process serves (a single server, or one under a controller)."""
     from sglang.srt.server_args import prepare_server_args
 
-    args = prepare_server_args(list(sglang_argv))
+    return spec_of(config, prepare_server_args(list(sglang_argv)), tuple(sglang_argv),
+                   switchable=config.mode is Mode.INSTANCE)
+
+
+def spec_of(config: ProrsaConfig, args, sglang_argv: tuple[str, ...], *, switchable: bool) -> InstanceSpec:
+    """An instance's spec from SGLang's parsed record ``args`` (a ``ServerArgs``): its address, PD role and bootstrap
+    port are read from it; ``switchable`` applies to a PD role only (a colocated instance never switches)."""
     role = str(args.disaggregation_mode or "null").lower()
     pd = role in ("prefill", "decode")
     return InstanceSpec(
         instance_id=config.prorsa_instance_id or f"{args.host}:{args.port}", host=args.host, port=args.port,
         role=role, bootstrap_port=args.disaggregation_bootstrap_port if pd else None,
-        sglang_argv=tuple(sglang_argv), prorsa=config, controller_url=config.prorsa_controller,
-        advertise_url=config.prorsa_advertise_url, switchable=pd and config.mode is Mode.INSTANCE,
+        sglang_argv=sglang_argv, prorsa=config, controller_url=config.prorsa_controller,
+        advertise_url=config.prorsa_advertise_url, switchable=pd and switchable,
         cpu_threads=config.prorsa_cpu_threads)
 
 
@@ -119,6 +129,51 @@ def check_kernels_importable() -> None:
         raise SystemExit(f"prorsa: cannot import the KV export/import kernels (sglang_prorsa.kernels): {e}. The "
                          "package install is broken (an editable install pointing at a removed checkout?); "
                          "reinstall it (make env)") from e
+
+
+_KEYWORD_OF_FLAG = {"--prorsa-controller": "controller_url", "--prorsa-advertise-url": "advertise_url",
+                    "--prorsa-cpu-threads": "cpu_threads", "--prorsa-mooncake-master": "mooncake_master"}
+
+
+def launch_server(server_args, *, controller_url: str | None = None, instance_id: str | None = None,
+                  advertise_url: str | None = None, kv_store: str = "file", kv_store_path: str = "",
+                  mooncake_master: str = "", cpu_threads: int = 0, switchable: bool = True) -> None:
+    """Serve one engine instance from SGLang's ``ServerArgs``, with our engine extension, until the server ends.
+
+    The drop-in for ``sglang.srt.entrypoints.http_server.launch_server(server_args)`` (run it where that ran, e.g. in
+    a ``multiprocessing.Process``). It serves what ``python -m sglang_prorsa.launch_server`` serves for the same
+    flags, with two differences a caller that built its own record needs: ``server_args`` is taken as final (no
+    embedded default model and no CPU flags are filled in: on a host without CUDA build it with the CPU recipe's
+    flags, ``srt/cpu_recipe.py``), and a PD instance is switchable without ``controller_url`` (``switchable``), since
+    the caller registers it with a controller itself (``POST /workers`` on the front, as slime posts to its router).
+    The keywords are our flags: ``controller_url`` is ``--prorsa-controller`` (register and heartbeat; the instance's
+    request events then go to that controller), ``kv_store`` / ``kv_store_path`` / ``mooncake_master`` where a
+    switched request's KV goes (``mooncake`` under a front on other machines), ``advertise_url`` and
+    ``instance_id`` how others reach and name it. Raises ``ConfigError`` naming the keyword for a bad value.
+    """
+    if kv_store not in ("file", "mooncake"):
+        raise ConfigError("kv_store", f"must be 'file' or 'mooncake', got {kv_store!r}")
+    if kv_store == "mooncake" and not mooncake_master:
+        raise ConfigError("mooncake_master", "is required with kv_store='mooncake' (HOST:PORT of the mooncake_master "
+                                             "the front and its instances share: GET /prorsa/info on the front)")
+    config = ProrsaConfig(prorsa_controller=controller_url or "", prorsa_instance_id=instance_id or "",
+                          prorsa_advertise_url=advertise_url or "", prorsa_kv_store=kv_store,
+                          prorsa_kv_store_path=kv_store_path, prorsa_mooncake_master=mooncake_master,
+                          prorsa_cpu_threads=cpu_threads)
+    try:
+        config.validate()
+    except ConfigError as e:
+        keyword = _KEYWORD_OF_FLAG.get(e.flag, e.flag)
+        raise ConfigError(keyword, str(e).split(": ", 1)[1]) from None
+    check_kernels_importable()
+    if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1" and not cpu_recipe.cuda_available():
+        # SGLang's scheduler processes read these at start; the libcuda stub on LD_LIBRARY_PATH reaches only processes
+        # started after this (a fresh exec), so a caller on a CPU host sets the recipe's environment before it starts
+        # this process (tests/integration/slime_engine.py does).
+        os.environ.update(cpu_recipe.cpu_environment(dict(os.environ)))
+    from sglang_prorsa.srt.instance.server import run_instance
+
+    run_instance(spec_of(config, server_args, (), switchable=switchable), server_args=server_args)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,11 +1,15 @@
 """Instances on any machine (issue 12): a controller started with no instances of its own, engine instances started
 separately that register with it by URL (``--prorsa-controller``), the Mooncake Store as the KV store they share,
-and a busy switch between them that is exact. Both "machines" are this one, on 127.0.0.1."""
+and a busy switch between them that is exact. Both "machines" are this one, on 127.0.0.1. Last, an engine started
+the way slime starts one (our ``launch_server`` with SGLang's signature) joins by ``POST /workers``, as slime posts
+it to its router."""
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from pathlib import Path
 
 import pytest
 import requests
@@ -112,3 +116,83 @@ def test_one_horizon_and_a_coded_refusal_before_any_instance_attaches(cluster):
     assert tick.json()["decision"]["inputs"]["S"] == tick.json()["forecast"]["horizon_s"] == HORIZON_S
     exposed = requests.get(cluster.url + "/prorsa/decision", timeout=10).json()
     assert exposed["horizon_s"] == HORIZON_S and exposed["cannot_decide"] is None
+
+
+@pytest.fixture(scope="module")
+def slime_engine(cluster, log_dir):
+    """One more engine started the way slime starts its engines (``slime_engine.py``: our ``launch_server`` called
+    with a ``ServerArgs`` in a spawned process, no ``--prorsa-controller``), a PD decode instance with its own
+    bootstrap port. Registered by the test, as slime registers it with its router."""
+    master = requests.get(cluster.url + "/prorsa/info", timeout=10).json()["kv_store"]["mooncake_master"]
+    here = str(Path(__file__).resolve().parent)
+
+    def start(attempt: int) -> processes.ServerProcess:
+        port, bport = processes.free_port(), processes.free_port()
+        return processes.start(
+            ["--kv-store", "mooncake", "--mooncake-master", master, "--",
+             "--disaggregation-mode", "decode", "--disaggregation-bootstrap-port", str(bport),
+             "--disaggregation-transfer-backend", "mooncake",
+             "--host", processes.LOOPBACK, "--port", str(port), *ENGINE_FLAGS],
+            name=f"slime-engine-{attempt}", port=port, log_dir=log_dir, module="slime_engine",
+            env={"PYTHONPATH": here})
+
+    srv = start(0)
+    try:
+        srv, _ = processes.ready_or_restarted(srv, start, retries=2, timeout=900)
+        srv.wait_ready(timeout=300, path="/health_generate")
+        srv.bootstrap_port = int(srv.argv[srv.argv.index("--disaggregation-bootstrap-port") + 1])
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_a_slime_style_engine_registers_by_url_switches_busy_exactly_and_takes_the_abort_loop(cluster, slime_engine):
+    """slime's flow, its code unchanged: POST /workers as slime posts a decode engine to its router (url and
+    worker_type; a bootstrap port only for prefill), a rollout through the front, a busy switch of that engine,
+    then slime's end-of-rollout loop: GET /workers, POST /abort_request {"abort_all": true} to every URL listed."""
+    url = slime_engine.url
+    body = {"url": url, "worker_type": "decode"}  # slime/backends/sglang_utils/sglang_engine.py, _init_normal
+    first = requests.post(cluster.url + "/workers", json=body, timeout=60)
+    again = requests.post(cluster.url + "/workers", json=body, timeout=60)
+    wid = f"{processes.LOOPBACK}:{slime_engine.port}"
+    assert first.status_code == again.status_code == 200, (first.text, again.text)
+    assert (first.json()["worker_id"], first.json()["new"]) == (wid, True)
+    assert (again.json()["worker_id"], again.json()["new"]) == (wid, False)
+    assert first.json()["worker"] == {"id": wid, "url": url, "worker_type": "decode",
+                                      "bootstrap_port": slime_engine.bootstrap_port, "is_healthy": True,
+                                      "status": "active"}
+    listed = requests.get(cluster.url + "/workers", timeout=10).json()
+    assert sorted(w["id"] for w in listed["workers"]) == sorted([wid, "remote-0", "remote-1", "remote-2"])
+    assert requests.get(url + "/prorsa/info", timeout=10).json()["controller"] is None  # it never registered itself
+
+    prompts = distinct_prompts(16, lambda i: 30 + 5 * i, seed=31)
+    max_new = 200  # still decoding when the switch comes (the switch waits for >= 2 running there)
+    ref = run_all(lambda p: generate(cluster.url, p, max_new), prompts)
+    target = {"instance": wid, "url": url}
+    sw, got, before = switch_under_load(cluster.url, lambda p: generate(cluster.url, p, max_new), prompts, target,
+                                        "prefill", ready=lambda st: st["running"] >= 2, settle_s=0.3)
+    assert sw.status_code == 200, sw.text
+    assert before["running"] >= 2 and sw.json()["taken"] >= 2, (before, sw.json())
+    for (_, r), (s, out) in zip(ref, got):
+        assert s == 200, out
+        assert out["output_ids"] == r["output_ids"]
+        assert max_logprob_gap(out, r) <= LOGPROB_TOL
+    assert {i["instance"]: i["role"] for i in instances(cluster.url)}[wid] == "prefill"
+
+    # slime's abort at the end of a rollout (slime/rollout/sglang_rollout.py, abort), with requests in flight.
+    with ThreadPoolExecutor(len(prompts)) as ex:
+        rollout = [ex.submit(generate, cluster.url, p, 2000) for p in prompts]
+        deadline = time.monotonic() + 300
+        while sum(i["running"] for i in instances(cluster.url) if i["role"] == "decode") < 4:
+            assert time.monotonic() < deadline, instances(cluster.url)
+            time.sleep(0.05)
+        urls = [w["url"] for w in requests.get(cluster.url + "/workers", timeout=10).json()["workers"]]
+        aborts = {u: requests.post(u + "/abort_request", json={"abort_all": True}, timeout=60).status_code
+                  for u in urls}
+        results = [f.result(timeout=600) for f in rollout]
+    assert len(urls) == 4 and url in urls
+    assert aborts == {u: 200 for u in urls}
+    assert [s for s, _ in results] == [200] * len(prompts), results
+    finished = [out["meta_info"]["finish_reason"]["type"] for _, out in results]
+    assert "abort" in finished and set(finished) <= {"abort", "length"}, finished
+    assert generate(cluster.url, prompts[0], 8)[0] == 200

@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sglang_prorsa.policy.forecast", "sglang_prorsa.policy.role_switch"),
     ("sglang_prorsa.policy.control_plane",),
     ("sglang_prorsa.workload", "sglang_prorsa.client"),
+    ("sglang_prorsa.integrations",),  # trainer adapters: the client, and nothing of the server
     ("sglang_prorsa.sim",),
     ("sglang_prorsa.srt",),
     ("sglang_prorsa.srt.common",),

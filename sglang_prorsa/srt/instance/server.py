@@ -9,6 +9,7 @@ lifecycle routes with its own control plane; an instance under a controller runs
 
 from __future__ import annotations
 
+import copy
 import errno
 import functools
 import json
@@ -34,11 +35,16 @@ def kv_store_config(config: ProrsaConfig) -> KVStoreConfig:
                          mooncake_master=config.prorsa_mooncake_master)
 
 
-def server_args_for(spec: InstanceSpec):
-    """SGLang's record from the user's flags, then the fields the spec decides (never shadowed by a user flag)."""
-    from sglang.srt.server_args import prepare_server_args
+def server_args_for(spec: InstanceSpec, base=None):
+    """SGLang's record from the user's flags (or a copy of ``base``, a ``ServerArgs`` a framework built itself:
+    ``sglang_prorsa.launch_server.launch_server``), then the fields the spec decides (never shadowed by a user flag).
+    ``base`` is copied, not changed: the caller may still read it (slime reads ``url()`` and ``api_key``)."""
+    if base is not None:
+        args = copy.copy(base)
+    else:
+        from sglang.srt.server_args import prepare_server_args
 
-    args = prepare_server_args(list(spec.sglang_argv))
+        args = prepare_server_args(list(spec.sglang_argv))
     args.host, args.port = spec.host, spec.port
     if spec.role in ("prefill", "decode"):
         args.disaggregation_mode = spec.role
@@ -54,7 +60,9 @@ def server_args_for(spec: InstanceSpec):
     return args
 
 
-def run_instance(spec: InstanceSpec) -> None:
+def run_instance(spec: InstanceSpec, server_args=None) -> None:
+    """Serve ``spec`` until the server ends; ``server_args``: SGLang's record to start from instead of parsing
+    ``spec.sglang_argv`` (see ``server_args_for``)."""
     exit_if_port_taken(spec.host, spec.port)  # before importing SGLang and loading the model, not a minute later
     from sglang.srt.entrypoints import http_server
     from sglang.srt.entrypoints.engine import init_tokenizer_manager as sglang_init_tokenizer_manager
@@ -72,7 +80,7 @@ def run_instance(spec: InstanceSpec) -> None:
 
     apply_overrides()
     logging.getLogger("uvicorn.error").addFilter(ExitWhenPortTaken(spec.port))
-    server_args = server_args_for(spec)
+    server_args = server_args_for(spec, server_args)
     # SGLang sets the root level from --log-level; our switch and resume events stay visible at INFO (a few lines
     # per switch, none per request).
     logging.getLogger("sglang_prorsa").setLevel(logging.INFO)
