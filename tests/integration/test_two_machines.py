@@ -6,6 +6,7 @@ it to its router."""
 
 from __future__ import annotations
 
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -146,6 +147,13 @@ def slime_engine(cluster, log_dir):
         srv.stop()
 
 
+def events_sent(url: str) -> float:
+    found = re.search(r"prorsa_lifecycle_events_sent_total\{[^}]*\} ([0-9.e+]+)",
+                      requests.get(url + "/prorsa/metrics", timeout=10).text)
+    assert found is not None
+    return float(found.group(1))
+
+
 def test_a_slime_style_engine_registers_by_url_switches_busy_exactly_and_takes_the_abort_loop(cluster, slime_engine):
     """slime's flow, its code unchanged: POST /workers as slime posts a decode engine to its router (url and
     worker_type; a bootstrap port only for prefill), a rollout through the front, a busy switch of that engine,
@@ -163,11 +171,19 @@ def test_a_slime_style_engine_registers_by_url_switches_busy_exactly_and_takes_t
                                       "status": "active"}
     listed = requests.get(cluster.url + "/workers", timeout=10).json()
     assert sorted(w["id"] for w in listed["workers"]) == sorted([wid, "remote-0", "remote-1", "remote-2"])
-    assert requests.get(url + "/prorsa/info", timeout=10).json()["controller"] is None  # it never registered itself
+    info = requests.get(url + "/prorsa/info", timeout=10).json()
+    assert info["controller"] is None  # it never registered itself; the front's peer push told it where events go
+    assert info["events_to"] == cluster.url + "/lifecycle"
 
     prompts = distinct_prompts(16, lambda i: 30 + 5 * i, seed=31)
     max_new = 200  # still decoding when the switch comes (the switch waits for >= 2 running there)
-    ref = run_all(lambda p: generate(cluster.url, p, max_new), prompts)
+    ref = run_all(lambda p: generate(cluster.url, p, max_new, headers={"X-Trajectory-Id": f"slime-{p[0]}-{len(p)}"}),
+                  prompts)
+    assert any(r["route"].endswith("/" + wid) for _, r in ref), [r["route"] for _, r in ref]  # it decoded some
+    deadline = time.monotonic() + 10  # its request events went to the front's forecast (batched every 50 ms)
+    while events_sent(url) == 0:
+        assert time.monotonic() < deadline, requests.get(url + "/prorsa/metrics", timeout=10).text
+        time.sleep(0.2)
     target = {"instance": wid, "url": url}
     sw, got, before = switch_under_load(cluster.url, lambda p: generate(cluster.url, p, max_new), prompts, target,
                                         "prefill", ready=lambda st: st["running"] >= 2, settle_s=0.3)

@@ -39,6 +39,7 @@ class Instance:
     bootstrap_port: int | None = None
     state: State = State.STARTING
     started_here: bool = False  # a front started (and may restart) it
+    controller_url: str | None = None  # where it sends request events, told by the peer push (POST /workers only)
     gpus: int = 1
     role_since: float | None = None
     target_role: str | None = None  # while draining/switching

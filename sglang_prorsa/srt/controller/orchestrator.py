@@ -166,8 +166,10 @@ class Orchestrator:
         targets = [i for i in self.registry if i.state not in (State.DEAD, State.STARTING)
                    and self._delivered.get(i.instance_id) != listed]
         self.peer_pushes += len(targets)
-        results = await asyncio.gather(*(self.http.post(i.url + "/prorsa/peers", payload, timeout_s=10)
-                                         for i in targets), return_exceptions=True)
+        # An instance registered by a trainer (POST /workers) learns here where its request events go.
+        bodies = [{**payload, "controller": i.controller_url} if i.controller_url else payload for i in targets]
+        results = await asyncio.gather(*(self.http.post(i.url + "/prorsa/peers", body, timeout_s=10)
+                                         for i, body in zip(targets, bodies)), return_exceptions=True)
         for inst, r in zip(targets, results):
             if isinstance(r, BaseException) or r[0] != 200:
                 self._delivered.pop(inst.instance_id, None)

@@ -25,11 +25,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from sglang_prorsa.srt.common.auth import admin
-from sglang_prorsa.srt.common.http_utils import coded_error, field_error, json_body
+from sglang_prorsa.srt.common.http_utils import coded_error, field_error, json_object
 from sglang_prorsa.srt.common.messages import Code
 from sglang_prorsa.srt.common.registry import Instance, State
 from sglang_prorsa.srt.controller.router_pools import RouterPoolError
@@ -90,10 +90,14 @@ def describe(inst: Instance) -> dict[str, Any]:
 
 
 async def join(front: Any, instance_id: str, url: str, role: str, bootstrap_host: str,
-               bootstrap_port: int | None) -> tuple[Instance, bool]:
+               bootstrap_port: int | None, events_to: str | None = None) -> tuple[Instance, bool]:
     """An instance joins (or announces itself again): into the registry, every instance's peer list and, for a PD
-    role, the external router's pool. (its entry, whether it is new)."""
+    role, the external router's pool. (its entry, whether it is new). ``events_to``: the controller's URL as the
+    instance's registrar reached it, for an instance that does not know its controller (registered by a trainer's
+    ``POST /workers``): the peer push tells it, and its request events then feed this controller's forecast."""
     inst, new = front.registry.register(instance_id, url, role, bootstrap_host, bootstrap_port)
+    if new and events_to:
+        inst.controller_url = events_to
     if new:
         logger.info("instance %s registered from %s as %s", inst.instance_id, inst.url, inst.role)
         await front.orchestrator.push_peers()
@@ -140,8 +144,10 @@ def mount(app: FastAPI, front: Any) -> None:
 
     @app.post("/workers")
     @admin
-    @json_body
-    async def add_worker(body: dict[str, Any]):
+    async def add_worker(request: Request):
+        body = await json_object(request)
+        if isinstance(body, JSONResponse):
+            return body
         problem = check_worker(body)
         if problem:
             return field_error(*problem, status=400)
@@ -152,7 +158,8 @@ def mount(app: FastAPI, front: Any) -> None:
         port = body.get("bootstrap_port")
         if known is None and port is None and role in ("prefill", "decode"):
             port = await _bootstrap_port(front, url)
-        inst, new = await join(front, iid, url, role, urlsplit(url).hostname or "127.0.0.1", port)
+        inst, new = await join(front, iid, url, role, urlsplit(url).hostname or "127.0.0.1", port,
+                               events_to=str(request.base_url).rstrip("/"))
         message = "Worker added" if new else f"Worker already registered (as {TYPE_OF_ROLE.get(inst.role)})"
         location = f"/workers/{inst.instance_id}"
         return JSONResponse({"status": "accepted", "worker_id": inst.instance_id, "url": inst.url,

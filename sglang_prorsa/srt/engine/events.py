@@ -37,6 +37,14 @@ class EngineEvents:
         self._task: asyncio.Task | None = None
         self._prefilling: OrderedDict[str, tuple[str, str]] = OrderedDict()  # rid -> (trajectory, prefill instance)
 
+    def follow(self, controller_url: str) -> None:
+        """Send to ``controller_url`` from now on, when no controller was given at start: an instance registered by
+        a trainer's ``POST /workers`` on a front learns its controller from the peer push, and its request events
+        then feed that controller's forecast instead of its own single-server control plane."""
+        if self.url or self.client is None:
+            return  # a controller from the flags stays; a single server without a peer client has nowhere to send
+        self.url, self.local = controller_url.rstrip("/") + "/lifecycle", None
+
     @property
     def enabled(self) -> bool:
         return bool(self.url or self.local)

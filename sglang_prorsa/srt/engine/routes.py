@@ -12,7 +12,9 @@
                                                          and which of those wait on a handshake that is not coming
                                                          ("stuck"; prefill only, see watchdog.py)
     POST /prorsa/kv/load {"token_ids", "keys", "block_tokens", "hold_for_rid"?}   load a persisted prefix
-    POST /prorsa/peers {"instances": [...], "version"?}  the controller's registry, for continuing requests
+    POST /prorsa/peers {"instances": [...], "version"?, "controller"?}  the controller's registry, for continuing
+                                                     requests (and, for an instance registered by POST /workers on
+                                                     the front, where its request events go)
     GET  /prorsa/status                                  role, idle, loads, KV, counters, busy intervals, engine state
     GET  /prorsa/metrics                                 the same in Prometheus text
 
@@ -206,10 +208,15 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
             return field_error("instances", f"each needs instance_id, url, role ({e})")
         if version is not None and not _non_negative_int(version):
             return field_error("version", "must be a non-negative integer")
+        controller = body.get("controller")
+        if controller is not None and not (isinstance(controller, str) and controller.startswith(("http://", "https://"))):
+            return field_error("controller", "must be the controller's URL, http://HOST:PORT")
         # What this instance's scheduler cached about a peer whose endpoints changed goes first, so no continuation
         # picks that peer under its new epoch while the old endpoints are still known here.
         forgotten = await side.scheduler.forget_prefills(side.peers.moved(parsed))
         side.peers.update(parsed, version)
+        if controller:
+            side.events.follow(controller)
         return JSONResponse({"peers": len(parsed), "version": side.peers.version, "forgotten": forgotten})
 
     @router.get("/prorsa/status")
@@ -225,7 +232,8 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
     async def metrics():
         st = await side.scheduler.status()
         counters = {**st.counters, **{k: float(v) for k, v in side.counters.items()},
-                    "switches": side.switches, "lifecycle_events_dropped": side.events.dropped}
+                    "switches": side.switches, "lifecycle_events_dropped": side.events.dropped,
+                    "lifecycle_events_sent": side.events.sent}
         gauges = {"kv_footprint_tokens": st.kv_footprint_tokens, "kv_capacity_tokens": st.kv_capacity_tokens,
                   "prefix_cache_tokens": st.prefix_cache_tokens, "running_requests": st.running,
                   "queued_requests": st.queued, "idle": int(st.idle), "resuming_requests": side.resumer.resuming}

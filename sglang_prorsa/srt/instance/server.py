@@ -106,7 +106,8 @@ def run_instance(spec: InstanceSpec, server_args=None) -> None:
     @app.get("/prorsa/info")
     def prorsa_info() -> dict:
         return {"sglang_prorsa": __version__, "sglang": SGLANG_VERSION, "instance": spec.instance_id,
-                "controller": spec.controller_url or None, "overrides": REGISTRY.describe()}
+                "controller": spec.controller_url or None, "events_to": side.events.url or None,
+                "overrides": REGISTRY.describe()}
 
     if not spec.controller_url:
         control_plane = mount_lifecycle(app, spec.prorsa)

@@ -78,9 +78,9 @@ def run(script, instances: int = 3):
 def test_a_worker_posted_by_url_joins_like_a_registered_one_in_the_routers_shapes():
     async def script(client, front, fakes, urls):
         r = await client.post("/workers", json={"url": urls[1], "worker_type": "decode"})
-        return r, front, fakes, urls
+        return r, front, fakes, urls, client
 
-    r, front, fakes, urls = run(script)
+    r, front, fakes, urls, client = run(script)
     wid = worker_id(urls[1])
     assert wid == "127.0.0.1:" + urls[1].rsplit(":", 1)[1]
     assert r.status_code == 200 and r.headers["location"] == f"/workers/{wid}"
@@ -92,8 +92,12 @@ def test_a_worker_posted_by_url_joins_like_a_registered_one_in_the_routers_shape
     assert (inst.role, inst.state, inst.bootstrap_host, inst.started_here) == ("decode", State.ACTIVE, "127.0.0.1",
                                                                              False)
     # The join: every instance learns the new peer list (the new one included), the router gets it in its pool.
-    pushed = {base for base, method, path, _ in fakes.seen if path == "/prorsa/peers"}
-    assert pushed == {urls[0], urls[1]}
+    pushed = {base: body for base, method, path, body in fakes.seen if path == "/prorsa/peers"}
+    assert set(pushed) == {urls[0], urls[1]}
+    # The worker posted by URL does not know its controller: the push tells it (the URL the POST reached), so its
+    # request events feed this front's forecast; the instance the front started is told nothing new.
+    assert pushed[urls[1]]["controller"] == str(client.base_url) and "controller" not in pushed[urls[0]]
+    assert inst.controller_url == str(client.base_url)
     assert fakes.router == {urls[1]: {"url": urls[1], "worker_type": "decode", "id": "r0"}}
     assert [i.instance_id for i in front.registry.routable("decode")] == [wid]
 

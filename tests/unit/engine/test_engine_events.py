@@ -62,3 +62,18 @@ def test_the_channel_hands_decoding_notes_to_their_own_callback():
         sched.control.close()
         sched.records.close()
         engine._records.close()
+
+
+def test_an_instance_without_a_controller_follows_the_one_the_peer_push_names():
+    ev = local_events()
+    ev.client = object()  # an instance's peer client (never used here: nothing is flushed)
+    ev.follow("http://front:30000/")
+    assert ev.url == "http://front:30000/lifecycle" and ev.local is None and ev.enabled
+    ev.follow("http://other:1")  # a controller already known stays
+    assert ev.url == "http://front:30000/lifecycle"
+    flagged = EngineEvents("http://ctl:9", client=object())
+    flagged.follow("http://front:30000")
+    assert flagged.url == "http://ctl:9/lifecycle"
+    alone = local_events()  # a single server without a peer client has nowhere to send: it keeps its own
+    alone.follow("http://front:30000")
+    assert alone.url == "" and alone.local is not None

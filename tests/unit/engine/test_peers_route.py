@@ -39,3 +39,25 @@ def test_a_peer_back_under_a_new_epoch_is_forgotten_before_it_can_be_picked():
     assert json.loads(answer.body) == {"peers": 2, "version": 6, "forgotten": 1}
     assert seen == [(["p1"], "draining", 0)]  # forgotten while the view still held it out of the pools
     assert view.peers["p1"].active and view.peers["p1"].epoch == 1 and view.version == 6
+
+
+def test_a_pushed_controller_is_followed_and_a_malformed_one_refused_naming_the_field():
+    view = PeerView("d0")
+    followed: list[str] = []
+
+    class Scheduler:
+        async def forget_prefills(self, peers):
+            return 0
+
+    side = SimpleNamespace(peers=view, scheduler=Scheduler(), events=SimpleNamespace(follow=followed.append))
+    endpoint = next(r.endpoint for r in make_engine_router(side, cpu=True).routes if r.path == "/prorsa/peers")
+
+    def push(controller):
+        async def body():
+            return {"version": 1, "instances": [peer("d0", "decode").to_json()], "controller": controller}
+
+        return asyncio.run(endpoint(SimpleNamespace(json=body)))
+
+    bad = push(5)
+    assert bad.status_code == 422 and json.loads(bad.body)["field"] == "controller" and followed == []
+    assert push("http://front:30000").status_code == 200 and followed == ["http://front:30000"]
