@@ -6,81 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import uuid
-from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 from unit_support import loopback_upstream
 
 from sglang_prorsa.integrations.areal import ProrsaWorkflow, current_trajectory, tag_engine
-
-
-@dataclass
-class ModelRequest:  # areal/api/io_struct.py ModelRequest: a fresh rid per request, no trajectory field
-    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
-    input_ids: list[int] = field(default_factory=list)
-    gconfig: Any = None
-    metadata: dict = field(default_factory=dict)
-
-
-@dataclass
-class HttpRequest:  # areal/api/io_struct.py HttpRequest
-    endpoint: str
-    payload: dict
-    method: str = "POST"
-
-
-class SGLangBackend:  # areal/engine/sglang_remote.py SGLangBackend.build_generation_request's payload
-    def build_generation_request(self, req: ModelRequest, with_lora: bool, version: int) -> HttpRequest:
-        return HttpRequest("/generate", {"input_ids": req.input_ids.copy(), "image_data": None,
-                                         "sampling_params": {"max_new_tokens": 2, "temperature": 0.0},
-                                         "return_logprob": True, "stream": False})
-
-    def parse_generation_response(self, response: dict) -> SimpleNamespace:
-        return SimpleNamespace(output_tokens=response["output_ids"], stop_reason="length")
-
-
-class RemoteInfEngine:  # areal/infra/remote_inf_engine.py: agenerate builds through self.backend, posts JSON only
-    def __init__(self, addr: str) -> None:
-        self.backend = SGLangBackend()
-        self.addr = addr
-
-    async def agenerate(self, req: ModelRequest) -> SimpleNamespace:
-        http_req = self.backend.build_generation_request(req, with_lora=False, version=0)
-        async with aiohttp.ClientSession() as s, s.post(self.addr + http_req.endpoint, json=http_req.payload) as r:
-            out = await r.json()
-        self.backend.parse_generation_response(out)
-        return SimpleNamespace(input_tokens=req.input_ids, output_tokens=out["output_ids"])
-
-
-class RemoteSGLangEngine:  # areal/engine/sglang_remote.py: pure composition, self._engine = RemoteInfEngine(...)
-    def __init__(self, addr: str) -> None:
-        self._engine = RemoteInfEngine(addr)
-
-    async def agenerate(self, req: ModelRequest) -> SimpleNamespace:
-        return await self._engine.agenerate(req)
-
-
-class TwoTurnWorkflow:  # a RolloutWorkflow (areal/api/workflow_api.py): arun_episode(engine, data)
-    def __init__(self, fail: bool = False, reject: bool = False) -> None:
-        self.fail, self.reject = fail, reject
-
-    async def arun_episode(self, engine, data):
-        ids = list(data["input_ids"])
-        for turn in range(2):
-            resp = await engine.agenerate(ModelRequest(input_ids=ids))
-            ids += resp.output_tokens
-            if turn == 0:
-                with current_trajectory().tool("bash") as call:
-                    call.result_tokens = 3
-                ids += [7, 7, 7]
-        if self.fail:
-            raise RuntimeError("sandbox died")
-        return None if self.reject else {"input_ids": ids, "rewards": 1.0}
+from sglang_prorsa.testing.areal_shapes import RemoteInfEngine, RemoteSGLangEngine, SGLangBackend, TwoTurnWorkflow
 
 
 class Front:
