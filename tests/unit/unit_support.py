@@ -40,3 +40,30 @@ async def loopback_upstream(routes: list[tuple[str, str, Handler]]) -> AsyncIter
         yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
     finally:
         await runner.cleanup()
+
+
+class StandInFront:
+    """A front stand-in for trainer-side adapters: records every hint batch (``events``), every ``/generate`` body
+    and its ``X-Trajectory-Id`` header; answers a ``/generate`` with ``max_new_tokens`` tokens 0, 1, 2, ..."""
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+        self.bodies: list[dict] = []
+        self.generate_headers: list[str | None] = []
+
+    def routes(self) -> list[tuple[str, str, Handler]]:
+        async def lifecycle(request: web.Request) -> web.Response:
+            events = (await request.json())["events"]
+            self.events += events
+            return web.json_response({"received": len(events), "applied": len(events), "duplicates": 0,
+                                      "rejected": 0, "rejections": []})
+
+        async def generate(request: web.Request) -> web.Response:
+            body = await request.json()
+            self.bodies.append(body)
+            self.generate_headers.append(request.headers.get("X-Trajectory-Id"))
+            n = body["sampling_params"]["max_new_tokens"]
+            return web.json_response({"text": "x" * n, "output_ids": list(range(n)), "meta_info": {
+                "prompt_tokens": len(body["input_ids"]), "completion_tokens": n, "finish_reason": {"type": "length"}}})
+
+        return [("POST", "/lifecycle", lifecycle), ("POST", "/generate", generate)]

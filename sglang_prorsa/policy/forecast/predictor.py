@@ -186,8 +186,12 @@ def surging(announced: float, persisted: float | None, level: float | None) -> b
     (a fraction of it), so only a jump in them makes a surge; from an idle series any announced prompt does."""
     if not (math.isfinite(announced) and announced > 0.0):
         return False
-    base = max((v for v in (persisted, level) if v is not None and math.isfinite(v)), default=0.0)
-    return announced > SURGE_FACTOR * base
+    return announced > SURGE_FACTOR * _series_level(persisted, level)
+
+
+def _series_level(previous: float | None, level: float | None) -> float:
+    """The base a surge or a jump is measured against: the larger of the last window's value and the Kalman level."""
+    return max((v for v in (previous, level) if v is not None and math.isfinite(v)), default=0.0)
 
 
 def jumped(realised: float, previous: float | None, level: float | None) -> bool:
@@ -197,8 +201,7 @@ def jumped(realised: float, previous: float | None, level: float | None) -> bool
     keeps a trickle after an empty window (a step's last stragglers) from counting; a first window is no jump."""
     if previous is None or not math.isfinite(realised):
         return False
-    base = max((v for v in (previous, level) if v is not None and math.isfinite(v)), default=0.0)
-    return realised > SURGE_FACTOR * base
+    return realised > SURGE_FACTOR * _series_level(previous, level)
 
 
 def _member_forecasts(served: ServedValue | None) -> dict[str, float | None]:

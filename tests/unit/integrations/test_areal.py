@@ -9,34 +9,13 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from aiohttp import web
-from unit_support import loopback_upstream
+from unit_support import StandInFront, loopback_upstream
 
 from sglang_prorsa.integrations.areal import ProrsaWorkflow, current_trajectory, tag_engine
 from sglang_prorsa.testing.areal_shapes import RemoteInfEngine, RemoteSGLangEngine, SGLangBackend, TwoTurnWorkflow
 
 
-class Front:
-    def __init__(self) -> None:
-        self.events: list[dict] = []
-        self.bodies: list[dict] = []
-
-    def routes(self):
-        async def lifecycle(request: web.Request) -> web.Response:
-            events = (await request.json())["events"]
-            self.events += events
-            return web.json_response({"received": len(events), "applied": len(events), "duplicates": 0,
-                                      "rejected": 0, "rejections": []})
-
-        async def generate(request: web.Request) -> web.Response:
-            body = await request.json()
-            self.bodies.append(body)
-            n = body["sampling_params"]["max_new_tokens"]
-            return web.json_response({"text": "x" * n, "output_ids": [5] * n, "meta_info": {
-                "prompt_tokens": len(body["input_ids"]), "completion_tokens": n, "finish_reason": {"type": "length"}}})
-
-        return [("POST", "/lifecycle", lifecycle), ("POST", "/generate", generate)]
-
+class Front(StandInFront):
     def seen(self, tid: str) -> list[tuple]:
         return [(e["event"], e.get("turn"), e.get("prompt_tokens"), e.get("accepted"))
                 for e in self.events if e["trajectory_id"] == tid]

@@ -12,8 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from aiohttp import web
-from unit_support import loopback_upstream
+from unit_support import StandInFront, loopback_upstream
 
 from sglang_prorsa.integrations.slime import (
     META_KEY,
@@ -43,29 +42,7 @@ class Sample:  # the fields of slime's Sample the hooks read
     metadata: dict = field(default_factory=dict)
 
 
-class Front:
-    """What the stand-in saw: hint batches and /generate headers."""
-
-    def __init__(self) -> None:
-        self.events: list[dict] = []
-        self.generate_headers: list[str | None] = []
-
-    def routes(self):
-        async def lifecycle(request: web.Request) -> web.Response:
-            events = (await request.json())["events"]
-            self.events += events
-            return web.json_response({"received": len(events), "applied": len(events), "duplicates": 0,
-                                      "rejected": 0, "rejections": []})
-
-        async def generate(request: web.Request) -> web.Response:
-            body = await request.json()
-            self.generate_headers.append(request.headers.get("X-Trajectory-Id"))
-            n = body["sampling_params"]["max_new_tokens"]
-            return web.json_response({"text": "x" * n, "output_ids": list(range(n)), "meta_info": {
-                "prompt_tokens": len(body["input_ids"]), "completion_tokens": n, "finish_reason": {"type": "length"}}})
-
-        return [("POST", "/lifecycle", lifecycle), ("POST", "/generate", generate)]
-
+class Front(StandInFront):
     def seen(self) -> list[tuple]:
         return [(e["trajectory_id"], e["event"], e.get("turn"), e.get("prompt_tokens"), e.get("group_id"))
                 for e in self.events]
