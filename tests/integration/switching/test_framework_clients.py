@@ -72,8 +72,10 @@ def test_an_areal_group_with_tool_turns_answers_exactly_through_a_busy_switch(de
     applied = after["events"]["applied"] - before["events"]["applied"]
     assert applied >= 2 * GROUP * (5 + len(TURNS)), applied
     assert after["finished_trajectories"] - before["finished_trajectories"] == 2 * GROUP
-    # The one race left between the channels: the last response's decode_end, batched by the engine every 50 ms, can
-    # reach the tracker after the trainer's reward_end ended the trajectory; it is refused (after_finish). No trainer
-    # hint and no other engine event is refused (docs/failures.md: events that overtake the hints before them).
+    # The one race left between the channels: the last response's engine events (prefill_end, decode_end), batched by
+    # the engine every 50 ms, can reach the tracker after the trainer's reward_end ended the trajectory; they are
+    # refused (after_finish). No trainer hint is refused, and no engine event for any other reason (docs/failures.md:
+    # events that overtake the hints before them).
     refused = [r for r in after["recent_rejections"] if r["trajectory_id"].startswith("areal-")]
-    assert {(r["event"], r["reason"]) for r in refused} <= {("decode_end", "after_finish")}, refused
+    assert {(r["event"], r["reason"]) for r in refused} <= {("prefill_end", "after_finish"),
+                                                          ("decode_end", "after_finish")}, refused
