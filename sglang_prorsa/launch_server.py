@@ -135,6 +135,38 @@ _KEYWORD_OF_FLAG = {"--prorsa-controller": "controller_url", "--prorsa-advertise
                     "--prorsa-cpu-threads": "cpu_threads", "--prorsa-mooncake-master": "mooncake_master"}
 
 
+def instance_config(*, controller_url: str | None = None, instance_id: str | None = None,
+                    advertise_url: str | None = None, kv_store: str = "file", kv_store_path: str = "",
+                    mooncake_master: str = "", cpu_threads: int = 0) -> ProrsaConfig:
+    """The frozen configuration of one instance started from a function (``launch_server``, ``Engine``): the
+    keywords are our flags (``_KEYWORD_OF_FLAG``); a bad value raises ``ConfigError`` naming the keyword."""
+    if kv_store not in ("file", "mooncake"):
+        raise ConfigError("kv_store", f"must be 'file' or 'mooncake', got {kv_store!r}")
+    if kv_store == "mooncake" and not mooncake_master:
+        raise ConfigError("mooncake_master", "is required with kv_store='mooncake' (HOST:PORT of the mooncake_master "
+                                             "the front and its instances share: GET /prorsa/info on the front)")
+    config = ProrsaConfig(prorsa_controller=controller_url or "", prorsa_instance_id=instance_id or "",
+                          prorsa_advertise_url=advertise_url or "", prorsa_kv_store=kv_store,
+                          prorsa_kv_store_path=kv_store_path, prorsa_mooncake_master=mooncake_master,
+                          prorsa_cpu_threads=cpu_threads)
+    try:
+        config.validate()
+    except ConfigError as e:
+        keyword = _KEYWORD_OF_FLAG.get(e.flag, e.flag)
+        raise ConfigError(keyword, str(e).split(": ", 1)[1]) from None
+    return config
+
+
+def prepare_in_process() -> None:
+    """What an instance started from a function needs before SGLang starts its processes: the kernels importable,
+    and on a host without CUDA the CPU recipe's environment for the scheduler processes (they read it at start; the
+    libcuda stub on LD_LIBRARY_PATH reaches only processes started after this, so a caller on a CPU host sets the
+    recipe's environment before it starts this process: tests/integration/slime_engine.py does)."""
+    check_kernels_importable()
+    if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1" and not cpu_recipe.cuda_available():
+        os.environ.update(cpu_recipe.cpu_environment(dict(os.environ)))
+
+
 def launch_server(server_args, *, controller_url: str | None = None, instance_id: str | None = None,
                   advertise_url: str | None = None, kv_store: str = "file", kv_store_path: str = "",
                   mooncake_master: str = "", cpu_threads: int = 0, switchable: bool = True) -> None:
@@ -151,26 +183,10 @@ def launch_server(server_args, *, controller_url: str | None = None, instance_id
     switched request's KV goes (``mooncake`` under a front on other machines), ``advertise_url`` and
     ``instance_id`` how others reach and name it. Raises ``ConfigError`` naming the keyword for a bad value.
     """
-    if kv_store not in ("file", "mooncake"):
-        raise ConfigError("kv_store", f"must be 'file' or 'mooncake', got {kv_store!r}")
-    if kv_store == "mooncake" and not mooncake_master:
-        raise ConfigError("mooncake_master", "is required with kv_store='mooncake' (HOST:PORT of the mooncake_master "
-                                             "the front and its instances share: GET /prorsa/info on the front)")
-    config = ProrsaConfig(prorsa_controller=controller_url or "", prorsa_instance_id=instance_id or "",
-                          prorsa_advertise_url=advertise_url or "", prorsa_kv_store=kv_store,
-                          prorsa_kv_store_path=kv_store_path, prorsa_mooncake_master=mooncake_master,
-                          prorsa_cpu_threads=cpu_threads)
-    try:
-        config.validate()
-    except ConfigError as e:
-        keyword = _KEYWORD_OF_FLAG.get(e.flag, e.flag)
-        raise ConfigError(keyword, str(e).split(": ", 1)[1]) from None
-    check_kernels_importable()
-    if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1" and not cpu_recipe.cuda_available():
-        # SGLang's scheduler processes read these at start; the libcuda stub on LD_LIBRARY_PATH reaches only processes
-        # started after this (a fresh exec), so a caller on a CPU host sets the recipe's environment before it starts
-        # this process (tests/integration/slime_engine.py does).
-        os.environ.update(cpu_recipe.cpu_environment(dict(os.environ)))
+    config = instance_config(controller_url=controller_url, instance_id=instance_id, advertise_url=advertise_url,
+                             kv_store=kv_store, kv_store_path=kv_store_path, mooncake_master=mooncake_master,
+                             cpu_threads=cpu_threads)
+    prepare_in_process()
     from sglang_prorsa.srt.instance.server import run_instance
 
     run_instance(spec_of(config, server_args, (), switchable=switchable), server_args=server_args)

@@ -43,8 +43,8 @@ def test_grpo_asyncio_example(single_server):
 def test_verl_agent_loop_example(single_server):
     before = finished(single_server.url)
     out = run_example("verl_agent_loop.py", "--url", single_server.url, "--batch", "2", "--n", "2",
-                      "--max-turns", "2", "--max-tokens", "8", "--report-requests")
-    assert out["outputs"] == 4 and out["aligned"] is True
+                      "--max-turns", "2", "--max-tokens", "8")
+    assert out["outputs"] == 4 and out["aligned"] is True and out["trajectories"] == 4
     assert out["num_turns"] == [4] * 4 and out["model_tokens"] == 4 * 2 * 8
     hints = out["hints"]
     assert hints["sent"] == hints["enqueued"] > 0 and hints["failed"] == hints["rejected"] == 0

@@ -8,6 +8,7 @@ import pytest
 
 from sglang_prorsa import launch_server as entry
 from sglang_prorsa.config import ConfigError, InstanceSpec, ProrsaConfig, split_prorsa_flags
+from sglang_prorsa.srt.instance import install
 from sglang_prorsa.srt.instance import server as instance_server
 from sglang_prorsa.testing.tiny_model import ensure_default_model
 
@@ -97,7 +98,7 @@ def test_the_callers_server_args_are_copied_then_given_the_specs_fields():
 
     args = prepare_server_args(sglang_flags(*DECODE))
     spec = entry.spec_of(ProrsaConfig(), args, (), switchable=True)
-    served = instance_server.server_args_for(spec.with_role("prefill"), args)
+    served = install.server_args_for(spec.with_role("prefill"), args)
     assert served is not args
     assert (served.disaggregation_mode, served.disaggregation_bootstrap_port, served.enable_pd_role_switch,
             served.disaggregation_decode_enable_radix_cache, served.disaggregation_transfer_backend) == (

@@ -45,6 +45,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sglang_prorsa.srt.controller",),
     ("sglang_prorsa.testing",),
     ("sglang_prorsa.launch_server", "sglang_prorsa.control_plane"),
+    ("sglang_prorsa.engine",),  # the in-process entry point: launch_server's settings and preparation
 )
 
 

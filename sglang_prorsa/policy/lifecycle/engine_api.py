@@ -18,6 +18,7 @@ TRAJECTORY_ID_FIELD = "trajectory_id"
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"  # sglang-router's routing key
 # SGLang's own request fields (GenerateReqInput) naming a stable identity of a request's session, in precedence order.
 SGLANG_ID_FIELDS = ("session_id", "routing_key", "conversation_id")
+TRAJECTORY_ID_PARAM = "prorsa_trajectory_id"  # in sampling_params["custom_params"] (carried_id)
 
 EventSink = Callable[[Sequence[LifecycleEvent]], Any]
 
@@ -32,7 +33,8 @@ def trajectory_id_of(fields: Mapping[str, Any] | None, headers: Mapping[str, str
 
     1. SGLang's own fields, ``session_id``, ``routing_key``, ``conversation_id``: what a trainer already sends
        SGLang needs no second copy of;
-    2. our body field ``trajectory_id``, then the header ``X-Trajectory-Id``;
+    2. our body field ``trajectory_id``, then ``sampling_params.custom_params.prorsa_trajectory_id``
+       (``carried_id``), then the header ``X-Trajectory-Id``;
     3. sglang-router's ``X-SMG-Routing-Key`` header.
 
     ``fields`` are the request's fields as SGLang's ``GenerateReqInput`` has them (a ``/generate`` body, or the object
@@ -48,10 +50,31 @@ def trajectory_id_of(fields: Mapping[str, Any] | None, headers: Mapping[str, str
         value = fields.get(name)
         if valid_id(value) and not (name == "routing_key" and value == router_key):
             return value
-    for value in (fields.get(TRAJECTORY_ID_FIELD), _header(headers, TRAJECTORY_ID_HEADER), router_key):
+    for value in (fields.get(TRAJECTORY_ID_FIELD), carried_id(fields.get("sampling_params")),
+                  _header(headers, TRAJECTORY_ID_HEADER), router_key):
         if valid_id(value):
             return value
     return None
+
+
+def carried_id(sampling_params: Any) -> Any:
+    """The id a caller that controls only the sampling parameters put in ``custom_params[TRAJECTORY_ID_PARAM]``
+    (SGLang's field for per-request values; verl's agent loop passes nothing else through to its in-process
+    engine), or None."""
+    custom = sampling_params.get("custom_params") if isinstance(sampling_params, Mapping) else None
+    return custom.get(TRAJECTORY_ID_PARAM) if isinstance(custom, Mapping) else None
+
+
+def strip_carried_id(sampling_params: Any) -> None:
+    """Removes ``custom_params[TRAJECTORY_ID_PARAM]`` (and ``custom_params`` left empty), in place: the scheduler
+    then samples with exactly the parameters the caller meant."""
+    custom = sampling_params.get("custom_params") if isinstance(sampling_params, dict) else None
+    if isinstance(custom, dict) and TRAJECTORY_ID_PARAM in custom:
+        rest = {k: v for k, v in custom.items() if k != TRAJECTORY_ID_PARAM}
+        if rest:
+            sampling_params["custom_params"] = rest
+        else:
+            del sampling_params["custom_params"]
 
 
 def _header(headers: Mapping[str, str] | None, name: str) -> str | None:

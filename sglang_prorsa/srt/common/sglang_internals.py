@@ -120,6 +120,9 @@ CLASS_LEVEL: tuple[tuple[str, str], ...] = (
     ("sglang.srt.entrypoints.http_server:_execute_server_warmup", "its wait for the port is why an instance whose "
                                                                   "port is taken exits itself (ExitWhenPortTaken)"),
     ("sglang.srt.entrypoints.engine:init_tokenizer_manager", "the instance keeps the tokenizer manager it builds"),
+    ("sglang.srt.entrypoints.engine:Engine", "the in-process entry point subclasses it (sglang_prorsa/engine.py)"),
+    ("sglang.srt.entrypoints.engine:Engine._launch_subprocesses", "the in-process entry point's launch, which "
+                                                                  "verl and AReaL call directly"),
     ("sglang.srt.server_args:prepare_server_args", "the instance's and the launcher's server arguments"),
     ("sglang.srt.server_args:ServerArgs.add_cli_args", "the launcher's parser is SGLang's"),
     ("sglang.srt.utils:kill_process_tree", "an instance ends its children"),
@@ -150,6 +153,10 @@ SIGNATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sglang.srt.managers.tokenizer_manager:TokenizerManager._stream_one_response", ("self", "obj", "state",
                                                                                      "request")),
     ("sglang.srt.managers.tokenizer_manager:TokenizerManager.generate_request", ("self", "obj", "request")),
+    ("sglang.srt.entrypoints.engine:Engine._launch_subprocesses", ("server_args", "init_tokenizer_manager_func",
+                                                                   "run_scheduler_process_func",
+                                                                   "run_detokenizer_process_func", "port_args",
+                                                                   "placement_group")),
     ("sglang.srt.mem_cache.kv_cache_configurator:KVCacheConfigurator._profile_available_bytes",
      ("self", "pre_model_load_memory")),
 )
@@ -175,7 +182,7 @@ _TM = "sglang.srt.managers.tokenizer_manager"
 _SB = "sglang.srt.managers.schedule_batch"
 _MC = "sglang.srt.mem_cache"
 # Fields of GenerateReqInput that request_guard.py checks per prompt (PER_PROMPT, PD_FIELDS) and that a continuation
-# carries over (continuation._CARRIED), and the trajectory id fields hooks.py reads (engine_api.SGLANG_ID_FIELDS); a
+# carries over (continuation.CARRIED_FIELDS), and the trajectory id fields hooks.py reads (engine_api.SGLANG_ID_FIELDS); a
 # unit test keeps these in step with those lists.
 GENERATE_REQ_FIELDS: tuple[str, ...] = (
     "rid", "text", "input_ids", "input_embeds", "sampling_params", "stream", "image_data", "video_data", "audio_data",

@@ -98,9 +98,12 @@ async def join(front: Any, instance_id: str, url: str, role: str, bootstrap_host
     inst, new = front.registry.register(instance_id, url, role, bootstrap_host, bootstrap_port)
     if new and events_to:
         inst.controller_url = events_to
+    # Every announcement, not only a new one: an instance that did not accept the last list (it restarted under its
+    # id before the health checks saw it die, so the push reached the dead process) gets it now; one that has it
+    # costs nothing here.
+    await front.orchestrator.push_peers()
     if new:
         logger.info("instance %s registered from %s as %s", inst.instance_id, inst.url, inst.role)
-        await front.orchestrator.push_peers()
         if front.orchestrator.router is not None and inst.role in ("prefill", "decode"):
             await front.orchestrator.router.add_eventually(inst.url, inst.role, inst.bootstrap_port)
     return inst, new

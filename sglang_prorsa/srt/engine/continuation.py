@@ -50,7 +50,7 @@ NO_PAIR_WAIT_S = 120.0
 # continuation's prompt is the original prompt plus the tokens kept, so ``routed_experts_start_len`` (an absolute
 # position) means the same there. ``session_id`` is not carried: with SGLang's session radix cache it would join a
 # session on the new instance; ``routing_key`` and ``conversation_id`` only label the request.
-_CARRIED = ("return_logprob", "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs", "lora_path",
+CARRIED_FIELDS = ("return_logprob", "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs", "lora_path",
             "custom_logit_processor", "return_hidden_states", "priority", "return_routed_experts",
             "routed_experts_start_len", "routing_key", "conversation_id")
 
@@ -185,7 +185,7 @@ class Continuation:
                     if self.failed_loads <= LOAD_RETRIES:
                         raise ResumeFailed(f"prefix load on {prefill.instance_id} failed ({move['load_status']}): "
                                            "trying another pair rather than recomputing it")
-            body = {k: getattr(self.obj, k) for k in _CARRIED if getattr(self.obj, k) is not None}  # GenerateReqInput's
+            body = {k: getattr(self.obj, k) for k in CARRIED_FIELDS if getattr(self.obj, k) is not None}  # GenerateReqInput's
             body.update(input_ids=ids, sampling_params=sampling, stream=True, rid=rid,
                         bootstrap_host=prefill.bootstrap_host, bootstrap_port=prefill.bootstrap_port,
                         bootstrap_room=random.getrandbits(63))

@@ -17,9 +17,9 @@ import contextvars
 import logging
 from typing import Any
 
-from sglang_prorsa.policy.lifecycle.engine_api import SGLANG_ID_FIELDS, trajectory_id_of
+from sglang_prorsa.policy.lifecycle.engine_api import SGLANG_ID_FIELDS, strip_carried_id, trajectory_id_of
 from sglang_prorsa.srt.common.messages import RESUME_HEADER, ROLE_HEADER
-from sglang_prorsa.srt.engine import aborts, request_guard
+from sglang_prorsa.srt.engine import aborts, in_process, request_guard
 from sglang_prorsa.srt.engine.aborts import HandedBack
 from sglang_prorsa.srt.engine.continuation import aborted_output
 from sglang_prorsa.srt.engine.local import Admission, keep_prompt_ids
@@ -27,7 +27,7 @@ from sglang_prorsa.srt.engine.side import EngineSide, forwarded_headers
 
 logger = logging.getLogger(__name__)
 
-ENGINE: EngineSide | None = None  # set once per instance process by srt/instance/server.py
+ENGINE: EngineSide | None = None  # set once per instance process by srt/instance/install.py
 _INPUT_ERRORS = (TypeError, AttributeError, KeyError, IndexError, OverflowError)
 
 
@@ -61,9 +61,18 @@ def wrap_generate_request(original):
             async for out in original(self, obj, request):
                 yield out
             return
+        if not side.started:  # an in-process caller before any HTTP request (sglang_prorsa.engine.Engine)
+            await side.start()
         obj._prorsa_trajectory = trajectory_of(obj, request)  # ours (not SGLang's); a batch's items never carry it
         if side.admission.rebuilding:  # the scheduler is mid-rebuild: nothing reaches it until its new role is up
             await side.admission.rebuilt()
+        if _single(obj) and in_process.needs_pairing(obj, request, side.role):
+            if not in_process.pairs_here(side):
+                obj.normalize_batch_and_arguments()
+                async for out in side.resumer.hand_on_at_arrival(obj, None, "decode"):
+                    yield out
+                return
+            await in_process.send_prefill_half(side, obj)
         role = _header(request, ROLE_HEADER)
         if _single(obj) and side.role in ("prefill", "decode") and (
                 not side.admission.admitting or (role is not None and role != side.role)) and not _swept_later(
@@ -165,13 +174,17 @@ def _single(obj: Any) -> bool:
 def trajectory_of(obj: Any, request: Any) -> str | None:
     """The trajectory a single request belongs to, read by ``engine_api.trajectory_id_of`` from SGLang's own fields
     on ``obj`` (an in-process caller has no HTTP request) and the request's headers (the middleware moved a
-    ``trajectory_id`` body field into ``X-Trajectory-Id``). None for a batch (several prompts, or ``n`` > 1): a
+    ``trajectory_id`` body field into ``X-Trajectory-Id``). An id carried in ``custom_params`` (verl's agent loop,
+    ``engine_api.carried_id``) is removed from the sampling parameters here, before the scheduler sees them. None
+    for a batch (several prompts, or ``n`` > 1): a
     trajectory is one request at a time, and a batch's prompts under one id would be concurrent arrivals of one
     trajectory, which the tracker rejects."""
-    if not _single(obj):
-        return None
+    params = obj.sampling_params
     fields = {name: getattr(obj, name, None) for name in SGLANG_ID_FIELDS}
-    return trajectory_id_of(fields, request.headers if request is not None else None)
+    tid = trajectory_id_of({**fields, "sampling_params": params}, request.headers if request is not None else None)
+    for one in params if isinstance(params, list) else [params]:  # a batch may carry one dict per prompt
+        strip_carried_id(one)
+    return tid if _single(obj) else None
 
 
 def wrap_stream_one_response(original):

@@ -3,7 +3,7 @@ SGLang's tokenizer manager (``TokenizerManagerView``), and whether it takes new 
 
 Every request the scheduler takes off gets a record in the book first (pushed by the scheduler, or booked here for a
 queued half whose other half is about to move), so the tokenizer manager continues it however it ends. The tokenizer
-manager exists only once SGLang made it (``srt/instance/server.py`` sets it after the engine side is built), so the
+manager exists only once SGLang made it (``srt/instance/install.py`` sets it after the engine side is built), so the
 view holds it and every collaborator asks the view.
 """
 

@@ -30,13 +30,11 @@ class EngineMiddleware:
         self.app = app
         self.side = side
         self.cpu = cpu
-        self.started = False
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        if not self.started:
-            self.started = True
+        if not self.side.started:
             await self.side.start()
         if self.cpu and scope["path"] in CUDA_ONLY_PATHS:
             return await _unsupported(send, scope["path"])

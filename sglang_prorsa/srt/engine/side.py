@@ -49,6 +49,7 @@ class EngineSide:
         self.held: set[str] = set()  # control states that hold switches (generation paused, memory released)
         self.switch: SwitchJob | None = None  # the switch in progress
         self.switches = 0
+        self.started = False
         self.last_switch: dict[str, Any] | None = None
         # The collaborators, built once; each helper gets the ones it uses.
         self.tm_view = TokenizerManagerView(tokenizer_manager)
@@ -64,6 +65,11 @@ class EngineSide:
         self.orphan_watch = OrphanWatch(self.scheduler, self.pairs, self.counters)
 
     async def start(self) -> None:
+        """On the loop that serves the tokenizer manager, once: by the first HTTP request (``middleware.py``) or the
+        first in-process ``generate_request`` (``hooks.py``), whichever comes first."""
+        if self.started:
+            return
+        self.started = True
         loop = asyncio.get_running_loop()
         self.channel.attach(loop, self.book.put, self.events.decoding)
         self.events.start()
@@ -72,7 +78,7 @@ class EngineSide:
 
     @property
     def tm(self) -> Any:
-        """SGLang's tokenizer manager (set by ``srt/instance/server.py`` once SGLang made it)."""
+        """SGLang's tokenizer manager (set by ``srt/instance/install.py`` once SGLang made it)."""
         return self.tm_view.tm
 
     @tm.setter

@@ -235,6 +235,8 @@ def trajectory(path: str, body: dict, headers: Any) -> str | None:
     take ``session_id`` only (their ``routing_key`` is the ``X-SMG-Routing-Key`` header, read as the header)."""
     names = ("session_id",) if path.startswith("/v1/") else ("session_id", "routing_key", "conversation_id")
     fields = {name: body.get(name) for name in (*names, TRAJECTORY_ID_FIELD)}
+    if not path.startswith("/v1/"):  # /generate's sampling_params, where a verl-style caller carries the id
+        fields["sampling_params"] = body.get("sampling_params")
     return trajectory_id_of(fields, headers)
 
 

@@ -76,3 +76,24 @@ def test_an_unchanged_list_is_not_pushed_again_but_to_an_instance_that_missed_it
     asyncio.run(orch.push_peers())
     assert http.pushed == {"http://p0": 2, "http://d0": 4, "http://d1": 2}
     assert orch.peer_pushes == 8
+
+
+def test_an_instance_announcing_itself_again_is_sent_the_list_it_did_not_accept():
+    """An instance restarted under its id before the health checks saw it die: the push at its first registration
+    reached the dead process, so its heartbeat (a registration that is not new) delivers the list -- and a
+    heartbeat of an instance that has it sends nothing."""
+    from types import SimpleNamespace
+
+    from sglang_prorsa.srt.controller import workers
+
+    registry, http, orch = deployment()
+    http.refuse.add("http://d1")
+    asyncio.run(orch.push_peers())
+    http.pushed.clear()
+    http.refuse.clear()
+    front = SimpleNamespace(registry=registry, orchestrator=orch)
+    inst, new = asyncio.run(workers.join(front, "d1", "http://d1", "decode", "127.0.0.1", 9002))
+    assert (inst.instance_id, new) == ("d1", False)
+    assert http.pushed == {"http://d1": 1}
+    asyncio.run(workers.join(front, "d0", "http://d0", "decode", "127.0.0.1", 9001))
+    assert http.pushed == {"http://d1": 1}

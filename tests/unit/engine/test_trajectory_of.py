@@ -80,3 +80,23 @@ def test_an_unusable_body_id_is_dropped_and_the_header_kept(bad):
     body, sc = _move_trajectory_id(raw, scope([(b"x-trajectory-id", b"h"), (b"content-length", b"99")]))
     assert orjson.loads(body) == {"text": "a"}
     assert sc["headers"] == [(b"x-trajectory-id", b"h"), (b"content-length", str(len(body)).encode())]
+
+
+def test_an_id_carried_in_custom_params_is_read_and_taken_out_before_the_scheduler():
+    """verl's agent loop can pass nothing but the sampling parameters to its in-process engine: the id rides in
+    ``custom_params`` (after SGLang's own fields and our field in the precedence), and the scheduler then sees the
+    caller's parameters exactly -- ``custom_params`` removed where only the id was in it, kept with its other keys."""
+    alone = single()
+    alone.sampling_params = {"max_new_tokens": 2, "custom_params": {"prorsa_trajectory_id": "verl-1"}}
+    assert trajectory_of(alone, None) == "verl-1"
+    assert alone.sampling_params == {"max_new_tokens": 2}
+    shared = single()
+    shared.sampling_params = {"custom_params": {"prorsa_trajectory_id": "verl-2", "bias": 3}}
+    assert trajectory_of(shared, Request({"X-Trajectory-Id": "h"})) == "verl-2"  # before our header
+    assert shared.sampling_params == {"custom_params": {"bias": 3}}
+    named = single(routing_key="rk")
+    named.sampling_params = {"custom_params": {"prorsa_trajectory_id": "verl-3"}}
+    assert trajectory_of(named, None) == "rk" and named.sampling_params == {}
+    batch = GenerateReqInput(input_ids=[[1, 2], [3]], sampling_params=[
+        {"custom_params": {"prorsa_trajectory_id": "a"}}, {"custom_params": {"prorsa_trajectory_id": "b"}}])
+    assert trajectory_of(batch, None) is None and batch.sampling_params == [{}, {}]  # stripped all the same

@@ -55,11 +55,9 @@ def test_a_request_model_validator_that_raises_is_the_callers_400():
 
     class Side:
         user_aborts = 0
+        started = True
 
-        async def start(self):
-            return None
-
-    app.add_middleware(EngineMiddleware, side=Side())  # where the instance adds it (srt/instance/server.py)
+    app.add_middleware(EngineMiddleware, side=Side())  # where the instance adds it (srt/instance/install.py)
     mw = app
 
     async def call(body: dict):

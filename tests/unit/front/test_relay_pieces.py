@@ -86,6 +86,10 @@ def test_only_active_instances_are_picked():
     ("/v1/chat/completions", {"routing_key": "rk", "conversation_id": "c"}, {"X-Trajectory-Id": "h"}, "h"),
     ("/v1/completions", {"routing_key": "rk"}, {"X-SMG-Routing-Key": "smg"}, "smg"),
     ("/v1/completions", {"prompt": "p"}, {}, None),
+    # verl's agent loop carries it in the sampling parameters (read on /generate, as the instance reads it)
+    ("/generate", {"sampling_params": {"custom_params": {"prorsa_trajectory_id": "v"}}}, {"X-Trajectory-Id": "h"},
+     "v"),
+    ("/v1/completions", {"sampling_params": {"custom_params": {"prorsa_trajectory_id": "v"}}}, {}, None),
 ])
 def test_the_trajectory_for_affinity_is_the_id_the_instance_reports(path, body, headers, want):
     """The relay reads the fields the target route gives SGLang's request, by engine_api's one precedence."""

@@ -4,7 +4,7 @@ import pytest
 
 from sglang_prorsa.policy.clock import ManualClock
 from sglang_prorsa.policy.control_plane import LifecycleControlPlane
-from sglang_prorsa.policy.lifecycle.engine_api import trajectory_id_of, valid_id
+from sglang_prorsa.policy.lifecycle.engine_api import carried_id, strip_carried_id, trajectory_id_of, valid_id
 from sglang_prorsa.policy.lifecycle.events import MAX_ID_CHARS
 from sglang_prorsa.policy.lifecycle.states import TrajState
 
@@ -19,6 +19,7 @@ def test_trajectory_id_from_body_or_header():
 
 ALL_FIELDS = {"session_id": "s", "routing_key": "rk", "conversation_id": "c", "trajectory_id": "b"}
 ALL_HEADERS = {"X-Trajectory-Id": "h", "X-SMG-Routing-Key": "smg"}
+CARRIED = {"sampling_params": {"temperature": 0, "custom_params": {"prorsa_trajectory_id": "v"}}}
 
 
 @pytest.mark.parametrize("fields,headers,want", [
@@ -33,6 +34,8 @@ ALL_HEADERS = {"X-Trajectory-Id": "h", "X-SMG-Routing-Key": "smg"}
     ({**ALL_FIELDS, "session_id": None}, ALL_HEADERS, "rk"),
     ({"conversation_id": "c", "trajectory_id": "b"}, ALL_HEADERS, "c"),
     ({"trajectory_id": "b"}, ALL_HEADERS, "b"),
+    ({"trajectory_id": "b", **CARRIED}, ALL_HEADERS, "b"),
+    (CARRIED, ALL_HEADERS, "v"),
     ({}, ALL_HEADERS, "h"),
 ])
 def test_one_precedence_sglang_fields_then_ours_then_the_router_key(fields, headers, want):
@@ -76,3 +79,29 @@ def test_engine_calls_drive_the_tracker_with_clock_stamps():
     assert cp.tracker.rejected_count == 0
     with pytest.raises(ValueError):
         eng.request_arrived("u", -1)
+
+
+@pytest.mark.parametrize("params,want", [
+    ({"custom_params": {"prorsa_trajectory_id": "v"}}, "v"),
+    ({"custom_params": {"other": 1}}, None),
+    ({"custom_params": ["prorsa_trajectory_id"]}, None),
+    ({"custom_params": None}, None),
+    ([{"custom_params": {"prorsa_trajectory_id": "v"}}], None),  # a batch's list of parameters: no one id
+    (None, None),
+])
+def test_the_id_carried_in_custom_params_is_read_only_where_it_can_be(params, want):
+    assert carried_id(params) == want
+    assert trajectory_id_of({"sampling_params": params}, None) == want
+
+
+def test_stripping_the_carried_id_leaves_the_callers_parameters_exactly():
+    alone = {"temperature": 0, "custom_params": {"prorsa_trajectory_id": "v"}}
+    strip_carried_id(alone)
+    assert alone == {"temperature": 0}
+    shared = {"custom_params": {"prorsa_trajectory_id": "v", "bias": [1, 2]}}
+    strip_carried_id(shared)
+    assert shared == {"custom_params": {"bias": [1, 2]}}
+    untouched = {"custom_params": {"bias": 1}, "top_k": 5}
+    strip_carried_id(untouched)
+    assert untouched == {"custom_params": {"bias": 1}, "top_k": 5}
+    strip_carried_id(None)  # nothing to strip: no error

@@ -38,7 +38,7 @@ def test_our_field_lists_are_declared():
     from sglang_prorsa.srt.scheduler import extension
 
     assert set(request_guard.PER_PROMPT + request_guard.PD_FIELDS) <= set(si.GENERATE_REQ_FIELDS)
-    assert set(continuation._CARRIED) <= set(si.GENERATE_REQ_FIELDS)
+    assert set(continuation.CARRIED_FIELDS) <= set(si.GENERATE_REQ_FIELDS)
     assert set(SGLANG_ID_FIELDS) <= set(si.GENERATE_REQ_FIELDS)  # hooks.trajectory_of reads them on the request
     assert set(extension._SAMPLING_FIELDS) <= set(si.SAMPLING_PARAMS_FIELDS)
     declared = {t: set(a) for t, a, _ in si.INSTANCE_LEVEL}

@@ -1,7 +1,7 @@
 """A single server (``launch_server`` without a mode) builds its control plane with --prorsa-horizon (issue item 5:
 it used the default 10 s whatever the flag said), and, like a front, keeps it against ``POST /lifecycle/config``.
 
-``mount_lifecycle`` is what ``run_instance`` calls for a server without a controller; here it mounts on a bare
+``mount_lifecycle`` is what ``install`` calls for a server without a controller; here it mounts on a bare
 FastAPI app (no SGLang), called through httpx's ASGI transport.
 """
 
@@ -13,7 +13,7 @@ import httpx
 from fastapi import FastAPI
 
 from sglang_prorsa.config import Mode, split_prorsa_flags
-from sglang_prorsa.srt.instance.server import mount_lifecycle
+from sglang_prorsa.srt.instance.install import mount_lifecycle
 
 
 def test_a_single_server_takes_its_horizon_from_the_flag_and_keeps_it():
