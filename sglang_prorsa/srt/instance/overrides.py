@@ -205,6 +205,66 @@ def _wrap_cpu_kv_profile() -> bool:
     return wrap_method(kvc.KVCacheConfigurator, "_profile_available_bytes", make)
 
 
+_HOST_ALLOC = "sglang.srt.mem_cache.pool_host.common"
+# The parameters SGLang passes to every ALLOC_MEMORY_FUNCS entry (alloc_with_host_register's, in this order).
+_HOST_ALLOC_PARAMS = ("dims", "dtype", "device", "pin_memory", "allocator")
+
+
+def cpu_host_alloc(dims: tuple, dtype: Any, device: str, pin_memory: bool, allocator: Any,
+                   registration_granularity_bytes: int | None = None) -> Any:
+    """SGLang's host-buffer allocation for a CPU device: its own allocator's buffer, not registered with CUDA (there
+    is no CUDA to register it with, and nothing copies it to a GPU). ``pin_memory`` is moot for the same reason."""
+    if allocator is None:  # the callers of SGLang's pin-memory allocators pass none
+        import torch
+
+        return torch.empty(dims, dtype=dtype, device=device)
+    return allocator.allocate(dims, dtype=dtype, device=device)
+
+
+def host_alloc_problems() -> list[str]:
+    """What in the installed SGLang differs from what ``cpu_host_alloc_without_cuda_register`` replaces (empty:
+    nothing): the table is a defaultdict that falls back to ``alloc_with_host_register`` for "cpu", called with
+    ``_HOST_ALLOC_PARAMS``, and the routed-experts capture buffer reads that very table."""
+    import collections
+    import inspect
+
+    common = importlib.import_module(_HOST_ALLOC)
+    from sglang.srt.state_capturer import base
+
+    table = getattr(common, "ALLOC_MEMORY_FUNCS", None)
+    register = getattr(common, "alloc_with_host_register", None)
+    problems = []
+    if not isinstance(table, collections.defaultdict) or register is None:
+        return [f"{_HOST_ALLOC}: ALLOC_MEMORY_FUNCS is no defaultdict, or alloc_with_host_register is gone"]
+    if table.default_factory is None or table.default_factory() is not register:
+        problems.append(f"{_HOST_ALLOC}: ALLOC_MEMORY_FUNCS no longer falls back to alloc_with_host_register")
+    if table.get("cpu", cpu_host_alloc) is not cpu_host_alloc:
+        problems.append(f"{_HOST_ALLOC}: ALLOC_MEMORY_FUNCS has SGLang's own 'cpu' entry (this override is obsolete)")
+    params = tuple(inspect.signature(register).parameters)
+    if params[: len(_HOST_ALLOC_PARAMS)] != _HOST_ALLOC_PARAMS:
+        problems.append(f"{_HOST_ALLOC}: alloc_with_host_register takes {params}, expected {_HOST_ALLOC_PARAMS} first")
+    if getattr(base, "ALLOC_MEMORY_FUNCS", None) is not table:
+        problems.append("sglang.srt.state_capturer.base: BaseHostCache no longer allocates through ALLOC_MEMORY_FUNCS")
+    return problems
+
+
+def _cpu_host_alloc() -> bool:
+    # Checked on every machine (a changed SGLang fails loudly at start-up, GPU or not); applied only without CUDA,
+    # where SGLang's default would call cudaHostRegister and fail.
+    from sglang_prorsa.srt.common.sglang_internals import SGLangInternalsMismatch
+
+    problems = host_alloc_problems()
+    if problems:
+        raise SGLangInternalsMismatch(
+            f"the CPU host-buffer override was written against sglang {SGLANG_VERSION}, installed sglang "
+            f"{installed_sglang_version()}:\n  " + "\n  ".join(problems)
+            + "\nre-check cpu_host_alloc_without_cuda_register in sglang_prorsa/srt/instance/overrides.py")
+    if not _no_cuda():
+        return False
+    importlib.import_module(_HOST_ALLOC).ALLOC_MEMORY_FUNCS["cpu"] = cpu_host_alloc
+    return True
+
+
 def _wrap_tokenizer_manager(method: str, hook: str, tag: str = "") -> bool:
     """Wrap ``TokenizerManager.<method>`` with the factory ``srt/engine/hooks.<hook>``."""
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
@@ -255,6 +315,19 @@ def _register_builtin() -> None:
             "warning and the token budget; on a GPU, or without a token budget, SGLang's check stands."
         ),
         apply=_wrap_cpu_kv_profile,
+    ))
+    REGISTRY.register(Override(
+        name="cpu_host_alloc_without_cuda_register",
+        target=f"{_HOST_ALLOC}:ALLOC_MEMORY_FUNCS",
+        kind="table entry (added)",
+        reason=(
+            "SGLang allocates its host buffers through ALLOC_MEMORY_FUNCS[device], whose fallback pins the buffer "
+            "with cudaHostRegister; on a machine without CUDA that fails, so --enable-return-routed-experts (whose "
+            "capture buffer is such a host buffer) could not start on CPU. Without CUDA the 'cpu' entry allocates "
+            "with SGLang's own allocator and registers nothing; on a GPU SGLang's table stands. The table, its "
+            "fallback and the parameters SGLang passes are checked at start-up (host_alloc_problems)."
+        ),
+        apply=_cpu_host_alloc,
     ))
     REGISTRY.register(Override(
         name="scheduler_prorsa_mixin",
