@@ -49,6 +49,7 @@ class ProrsaConfig:
     prorsa_instance_id: str = ""
     prorsa_advertise_url: str = ""  # how others reach this instance (default http://--host:--port)
     prorsa_instance_host: str = "127.0.0.1"  # where a front starts its instances
+    prorsa_share_gpus: bool = False  # a front's instances share the visible devices (no placement: tests, one GPU)
     prorsa_cpu_threads: int = 0  # torch threads per instance without CUDA (0: the host's cores shared out)
     prorsa_test_crash_on_tokens: str = ""  # TESTING ONLY: "7,8,9" makes a scheduler raise on a prompt holding them
 
@@ -140,6 +141,36 @@ class ProrsaConfig:
                                                           "instance (the front starts a master itself)")
 
 
+LOOPBACK = "127.0.0.1"
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "", "::", "[::]"})
+
+
+def url_host(url: str) -> str:
+    """The host part of ``http://HOST[:PORT][/...]`` (an IPv6 host without its brackets)."""
+    netloc = url.split("://", 1)[-1].split("/", 1)[0]
+    if netloc.startswith("["):
+        return netloc[1:netloc.index("]")] if "]" in netloc else netloc
+    return netloc.rsplit(":", 1)[0] if ":" in netloc else netloc
+
+
+def advertise_host(host: str, advertise_url: str = "", *, required_by: str = "") -> str:
+    """The address others use to reach an instance's HTTP server, its PD bootstrap server and its Mooncake
+    endpoints: the host of ``--prorsa-advertise-url`` when given, else ``--host`` when it names one address.
+    ``--host`` 0.0.0.0 (or ``::``) binds every address but names none: with ``required_by`` set (the instance
+    registers, or serves a PD role, so others must reach it) that is refused naming ``--prorsa-advertise-url``;
+    otherwise (nothing outside this machine looks it up) loopback, as by default."""
+    if advertise_url:
+        return url_host(advertise_url.rstrip("/"))
+    if host not in WILDCARD_HOSTS:
+        return host
+    if required_by:
+        raise ConfigError("--prorsa-advertise-url", f"is required with --host {host or '0.0.0.0'} {required_by}: "
+                                                    "that binds every address of this machine but names none others "
+                                                    "can reach (e.g. --prorsa-advertise-url http://10.0.0.5:30000), "
+                                                    "or give --host this machine's address")
+    return LOOPBACK
+
+
 class ConfigError(ValueError):
     def __init__(self, flag: str, message: str) -> None:
         super().__init__(f"argument {flag}: {message}")
@@ -175,8 +206,15 @@ _HELP = {
     "prorsa_router": "URL of an sglang-router in PD mode whose prefill/decode worker pools the controller keeps in "
     "step with every role switch.",
     "prorsa_instance_id": "Name of this instance in the controller's registry (default: its URL).",
-    "prorsa_advertise_url": "URL others use to reach this instance (default: http://--host:--port).",
-    "prorsa_instance_host": "Address a front binds the instances it starts to (default: 127.0.0.1).",
+    "prorsa_advertise_url": "URL others use to reach this instance (default: http://--host:--port). Its host is also "
+    "the address its PD bootstrap and Mooncake endpoints advertise; required with --host 0.0.0.0 on an instance that "
+    "registers with --prorsa-controller or serves a PD role.",
+    "prorsa_instance_host": "Address a front binds the instances it starts to, and the one they advertise (their URL, "
+    "PD bootstrap and Mooncake endpoints; loopback when it is 0.0.0.0). Default: 127.0.0.1; give this machine's "
+    "address when instances on other machines must reach them.",
+    "prorsa_share_gpus": "The instances a front starts share the visible GPUs instead of each getting its own "
+    "(--base-gpu-id, tp x pp x dp devices each, refused when too few): for small models several instances fit on "
+    "one GPU; size each with --mem-fraction-static.",
     "prorsa_test_crash_on_tokens": "TESTING ONLY: every prefill or colocated scheduler raises (and its instance dies) "
     "when it receives a prompt holding these token ids in a row (e.g. 7,8,9): how the poison-request containment is "
     "tested. Never set it in production.",
@@ -240,8 +278,15 @@ class InstanceSpec:
     cpu_threads: int = 0  # torch threads of its scheduler on CPU (0: torch's default); cpu_recipe.instance_threads
 
     @property
+    def advertise_host(self) -> str:
+        """Where others reach this instance, its PD bootstrap and Mooncake endpoints (``advertise_host``): the one
+        value its registration's ``bootstrap_host``, a front's registry and the ``SGLANG_HOST_IP`` /
+        ``MC_TCP_BIND_ADDRESS`` its process is started with all come from."""
+        return advertise_host(self.host, self.advertise_url)
+
+    @property
     def url(self) -> str:
-        return self.advertise_url or f"http://{self.host}:{self.port}"
+        return self.advertise_url or f"http://{self.advertise_host}:{self.port}"
 
     def dump(self, path: Path) -> Path:
         d = asdict(self)

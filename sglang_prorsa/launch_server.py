@@ -24,7 +24,16 @@ import os
 import re
 import sys
 
-from sglang_prorsa.config import ConfigError, InstanceSpec, Mode, ProrsaConfig, add_prorsa_flags, split_prorsa_flags
+from sglang_prorsa.config import (
+    LOOPBACK,
+    ConfigError,
+    InstanceSpec,
+    Mode,
+    ProrsaConfig,
+    add_prorsa_flags,
+    advertise_host,
+    split_prorsa_flags,
+)
 from sglang_prorsa.srt import cpu_recipe
 
 logger = logging.getLogger("sglang_prorsa.launch")
@@ -85,18 +94,54 @@ def prepare_environment(argv: list[str]) -> None:
     """Set the environment SGLang needs here; re-exec once if the dynamic loader must see a new library path."""
     if os.environ.get(_REEXEC_MARK) == "1":
         return
+    try:
+        host = advertised_host(argv)
+    except ConfigError as e:
+        sys.stderr.write(f"{PROG}: error: {e}\n")
+        raise SystemExit(2) from None
     env = dict(os.environ)
     env[_REEXEC_MARK] = "1"
-    # Nothing we start advertises more than loopback unless the user says otherwise.
-    env.setdefault("SGLANG_HOST_IP", "127.0.0.1")
+    env.update(address_environment(host, env))
     env.setdefault("MOONCAKE_PROTOCOL", "tcp")
-    env.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
     if not cpu_recipe.cuda_available():
         env["SGLANG_PRORSA_NO_CUDA"] = "1"
         for k, v in cpu_recipe.cpu_environment(env).items():
             logger.info("CPU recipe: %s=%s", k, v)
             env[k] = v
     os.execve(sys.executable, [sys.executable, "-m", "sglang_prorsa.launch_server", *argv], env)
+
+
+def advertised_host(argv: list[str]) -> str:
+    """The one address this process advertises (its instance URL, PD bootstrap and Mooncake endpoints), from the
+    flags (``config.advertise_host``): a front's is its instances' ``--prorsa-instance-host`` (each instance it starts
+    gets its own spec's, ``launcher.start_instance``); a server's, the host of ``--prorsa-advertise-url``, else
+    ``--host``. ``--host 0.0.0.0`` names no address: refused (``ConfigError`` naming ``--prorsa-advertise-url``) for
+    an instance others must reach (it registers with a controller, or serves a PD role), else loopback."""
+    config, _ = split_prorsa_flags(argv)
+    if config.mode in (Mode.ADAPTIVE, Mode.STATIC, Mode.COLOCATED):
+        return advertise_host(config.prorsa_instance_host)
+    host = cpu_recipe.flag_value(argv, "--host") or LOOPBACK  # SGLang's default --host
+    pd = (cpu_recipe.flag_value(argv, "--disaggregation-mode") or "null").lower() in ("prefill", "decode")
+    required_by = ("on an instance that registers with --prorsa-controller" if config.mode is Mode.INSTANCE
+                   else "on a PD server (--disaggregation-mode)" if pd else "")
+    return advertise_host(host, config.prorsa_advertise_url, required_by=required_by)
+
+
+ADDRESS_VARIABLES = ("SGLANG_HOST_IP", "MC_TCP_BIND_ADDRESS")
+
+
+def address_environment(host: str, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment variables through which SGLang (``SGLANG_HOST_IP``: the address its PD bootstrap and KV
+    transfer endpoints advertise) and Mooncake's transfer engine (``MC_TCP_BIND_ADDRESS``) learn the address this
+    process advertises. They are set here for those two to read, always derived from the flags
+    (``advertised_host``); our own code never reads them back (it uses ``InstanceSpec.advertise_host``). A different
+    value already in ``environ`` is replaced, with a warning."""
+    for name in ADDRESS_VARIABLES:
+        was = (environ or {}).get(name)
+        if was is not None and was != host:
+            logger.warning("%s=%s in the environment replaced by %s (from --host / --prorsa-advertise-url / "
+                           "--prorsa-instance-host)", name, was, host)
+    return {name: host for name in ADDRESS_VARIABLES}
 
 
 def instance_spec(config: ProrsaConfig, sglang_argv: list[str]) -> InstanceSpec:

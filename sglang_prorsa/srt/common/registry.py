@@ -40,7 +40,7 @@ class Instance:
     state: State = State.STARTING
     started_here: bool = False  # a front started (and may restart) it
     controller_url: str | None = None  # where it sends request events, told by the peer push (POST /workers only)
-    gpus: int = 1
+    gpus: int = 1  # GPUs it occupies (Eq. 1's G counts them): its own report (take_gpus); 1 until it reports, on CPU
     role_since: float | None = None
     target_role: str | None = None  # while draining/switching
     switches: int = 0
@@ -59,6 +59,15 @@ class Instance:
     last_switch_s: float | None = None
     pid: int | None = None  # the process, for an instance this front started
 
+    def take_gpus(self, reported: Any) -> bool:
+        """Take the GPU count the instance reports (``gpus`` of its ``GET /prorsa/status`` or its registration:
+        tp × pp × dp of its own SGLang arguments, 1 on CPU); anything but a positive integer leaves the count as it
+        was. Whether it changed."""
+        if isinstance(reported, bool) or not isinstance(reported, int) or reported < 1 or reported == self.gpus:
+            return False
+        self.gpus = reported
+        return True
+
     @property
     def routable(self) -> bool:
         return self.state is State.ACTIVE
@@ -76,7 +85,7 @@ class Instance:
             "kv_footprint_tokens": self.kv_footprint_tokens, "kv_capacity_tokens": self.kv_capacity_tokens,
             "prefix_cache_tokens": self.prefix_cache_tokens, "switches": self.switches, "role_since": self.role_since,
             "target_role": self.target_role, "last_switch_s": self.last_switch_s, "epoch": self.epoch,
-            "pid": self.pid,
+            "pid": self.pid, "gpus": self.gpus,
         }
 
     def report(self) -> InstanceReport | None:
@@ -123,13 +132,15 @@ class Registry:
         return inst
 
     def register(self, instance_id: str, url: str, role: str, bootstrap_host: str,
-                 bootstrap_port: int | None) -> tuple[Instance, bool]:
+                 bootstrap_port: int | None, gpus: Any = None) -> tuple[Instance, bool]:
         """An instance announces itself (again): (its entry, whether it is new). A known instance -- by id, or by URL
         under another id (one engine posted to ``POST /workers`` that also registers itself) -- keeps the state the
-        controller tracks; only its liveness is refreshed. One URL is never two entries."""
+        controller tracks; only its liveness (and the GPU count it reports, ``gpus``) is refreshed. One URL is never
+        two entries."""
         known = self.instances.get(instance_id) or self.by_url(url)
         if known is not None:
             known.last_seen = time.time()
+            known.take_gpus(gpus)
             if known.state in (State.DEAD, State.UNHEALTHY) and known.url == url.rstrip("/"):
                 # Back after a restart: its transfer endpoints are new (decode instances re-learn them).
                 known.state, known.role, known.epoch = State.ACTIVE, role, known.epoch + 1
@@ -138,6 +149,7 @@ class Registry:
             return known, False
         inst = Instance(instance_id=instance_id, url=url.rstrip("/"), role=role, bootstrap_host=bootstrap_host,
                         bootstrap_port=bootstrap_port, state=State.ACTIVE, last_seen=time.time())
+        inst.take_gpus(gpus)
         return self.add(inst), True
 
     def by_url(self, url: str) -> Instance | None:

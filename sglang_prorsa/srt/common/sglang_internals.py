@@ -137,6 +137,9 @@ CLASS_LEVEL: tuple[tuple[str, str], ...] = (
     ("sglang.srt.runtime_context:get_serving", "the scheduler's weight version (get_serving().weight_version: a "
                                                "config bag resolved at run time, not checkable statically)"),
     ("sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache", "the tree cache's base class"),
+    ("sglang.srt.mem_cache.pool_host.common:ALLOC_MEMORY_FUNCS", "the CPU host-buffer override adds its 'cpu' entry "
+                                                                 "(overrides.py, host_alloc_problems)"),
+    ("sglang.srt.mem_cache.pool_host.common:alloc_with_host_register", "the same: the fallback it stands in for"),
 )
 
 # Callables we call with named or positional arguments: (module:name, the parameters we pass, in order).
@@ -224,7 +227,9 @@ INSTANCE_LEVEL: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("sglang.srt.server_args:ServerArgs", ("host", "port", "device", "model_path", "api_key", "admin_api_key",
                                            "disaggregation_mode", "disaggregation_bootstrap_port",
                                            "disaggregation_transfer_backend", "enable_pd_role_switch",
-                                           "disaggregation_decode_enable_radix_cache", "grammar_backend", "dp_size"),
+                                           "disaggregation_decode_enable_radix_cache", "grammar_backend", "dp_size",
+                                           "tp_size", "pp_size", "enable_dp_attention", "base_gpu_id", "gpu_id_step",
+                                           "nnodes"),
      "instance/server.py, launch_server.py, auth.py, request_guard limits, kv_persist.layout_of"),
     (f"{_IO}:PdRoleSwitchReqInput", ("new_role", "decode_cuda_graph_memory_gb"), "switch.py: the role rebuild"),
     (f"{_IO}:PdRoleSwitchReqOutput", ("success", "message", "safe_to_restore"), "switch.py: the role rebuild"),

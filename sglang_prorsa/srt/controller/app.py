@@ -149,7 +149,8 @@ def build_app(front: Front) -> FastAPI:
         if problem:
             return field_error(*problem)
         inst, new = await workers.join(front, body["instance_id"], body["url"], body["role"],
-                                       body.get("bootstrap_host") or "127.0.0.1", body.get("bootstrap_port"))
+                                       body.get("bootstrap_host") or "127.0.0.1", body.get("bootstrap_port"),
+                                       gpus=body.get("gpus"))
         return {"instance": inst.describe(), "new": new, "version": front.registry.version}
 
     workers.mount(app, front)  # sglang-router's worker API: GET/POST /workers, GET/DELETE /workers/{id}

@@ -155,7 +155,8 @@ class Health:
                 logger.info("instance %s not restarted: the front is stopping", iid)
                 return False
             proc = processes.start(old.argv[3:], name=f"instance-{iid}-restart{self.restarts + 1}", port=old.port,
-                                   log_dir=old.log_path.parent, module=old.argv[2], die_with_parent=True)
+                                   log_dir=old.log_path.parent, module=old.argv[2], die_with_parent=True,
+                                   env=old.env)  # the address it advertises, as at its first start
             self.started.append(proc)
             self.processes[iid] = proc
             inst.pid = proc.pid

@@ -18,9 +18,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sglang_prorsa.config import InstanceSpec, Mode, ProrsaConfig
+from sglang_prorsa.config import ConfigError, InstanceSpec, Mode, ProrsaConfig
 from sglang_prorsa.srt.common.auth import AuthKeys
 from sglang_prorsa.srt.common.registry import Instance, Registry, State
+from sglang_prorsa.srt.controller import placement
+from sglang_prorsa.srt.controller.placement import PlacementSpec
 
 logger = logging.getLogger("sglang_prorsa.front")
 
@@ -30,8 +32,11 @@ PORT_RETRIES = 3
 SHUTDOWN_GRACE_S = 15.0  # requests still open this long after SIGTERM are cut (their callers get an error)
 
 
-def instance_specs(config: ProrsaConfig, sglang_argv: list[str], log_dir: Path,
-                   controller_url: str) -> list[InstanceSpec]:
+def instance_specs(config: ProrsaConfig, sglang_argv: list[str], log_dir: Path, controller_url: str,
+                   placements: list[PlacementSpec] | None = None) -> list[InstanceSpec]:
+    """The specs of the instances this front starts; ``placements`` (``placement.plan_front``; None on a host
+    without CUDA) gives instance k its devices: its flags end with ``--base-gpu-id B --gpu-id-step 1``, which win
+    over the user's (the last occurrence is the one SGLang's parser keeps)."""
     from sglang_prorsa.srt.cpu_recipe import instance_threads
     from sglang_prorsa.srt.utils import processes
 
@@ -43,11 +48,40 @@ def instance_specs(config: ProrsaConfig, sglang_argv: list[str], log_dir: Path,
         else:
             role = "prefill" if k < config.initial_prefill else "decode"
             bport = processes.free_port()
+        argv = (*sglang_argv, *placements[k].flags()) if placements else tuple(sglang_argv)
         specs.append(InstanceSpec(instance_id=str(k), host=config.prorsa_instance_host, port=processes.free_port(),
-                                  role=role, bootstrap_port=bport, sglang_argv=tuple(sglang_argv), prorsa=config,
+                                  role=role, bootstrap_port=bport, sglang_argv=argv, prorsa=config,
                                   controller_url=controller_url, switchable=config.mode is Mode.ADAPTIVE,
                                   cpu_threads=threads))
     return specs
+
+
+def place_instances(config: ProrsaConfig, sglang_argv: list[str]) -> list[PlacementSpec] | None:
+    """Each instance's devices on this node (None: no CUDA, or none started here), decided before anything starts;
+    too few visible GPUs ends the launch here with an error naming the flag to change."""
+    if config.instance_count == 0 or config.prorsa_share_gpus:
+        return None
+    visible = placement.visible_gpus()
+    if visible is None:
+        return None
+    from sglang.srt.server_args import prepare_server_args
+
+    try:
+        placements = placement.plan_front(config, prepare_server_args(list(sglang_argv)), visible)
+    except ConfigError as e:
+        sys.stderr.write(f"python -m sglang_prorsa.launch_server: error: {e}\n")
+        raise SystemExit(2) from None
+    for k, p in enumerate(placements or []):
+        logger.info("instance %d: GPUs %s (--base-gpu-id %d, %d GPU%s)", k, ",".join(map(str, p.devices)),
+                    p.base_gpu_id, p.gpus, "s" if p.gpus != 1 else "")
+    return placements
+
+
+def instance_environment(spec: InstanceSpec) -> dict[str, str]:
+    """What an instance's process is started with beyond ours (``processes.loopback_env``): the address it advertises
+    (``InstanceSpec.advertise_host``), for SGLang's PD bootstrap and Mooncake's transfer engine, which read it from
+    these variables; our code never reads them back."""
+    return {"SGLANG_HOST_IP": spec.advertise_host, "MC_TCP_BIND_ADDRESS": spec.advertise_host}
 
 
 def start_instance(spec: InstanceSpec, log_dir: Path, attempt: int = 0):
@@ -56,7 +90,7 @@ def start_instance(spec: InstanceSpec, log_dir: Path, attempt: int = 0):
     path = spec.dump(log_dir / f"instance-{spec.instance_id}.json")
     name = f"instance-{spec.instance_id}" + (f"-port-retry{attempt}" if attempt else "")
     return processes.start(["--spec", str(path)], name=name, port=spec.port, log_dir=log_dir,
-                           module=INSTANCE_MODULE, die_with_parent=True)
+                           module=INSTANCE_MODULE, die_with_parent=True, env=instance_environment(spec))
 
 
 def ready_instance(spec: InstanceSpec, srv, log_dir: Path, started: dict) -> tuple[InstanceSpec, Any]:
@@ -109,6 +143,7 @@ def run_front(config: ProrsaConfig, sglang_argv: list[str], host: str, port: int
     started: dict = {}  # instance id -> its process
     front = None
     master = None
+    placements = place_instances(config, sglang_argv)  # refuses too few GPUs before anything starts
     try:
         if config.prorsa_kv_store == "mooncake" and not config.prorsa_mooncake_master:
             from sglang_prorsa.srt.disaggregation.mooncake_master import start_mooncake_master
@@ -119,16 +154,18 @@ def run_front(config: ProrsaConfig, sglang_argv: list[str], host: str, port: int
         registry = Registry()
         # The instances report their requests' lifecycle to this front (its controller), not to one of their own.
         reachable = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-        specs = instance_specs(config, sglang_argv, log_dir, f"http://{reachable}:{port}")
+        specs = instance_specs(config, sglang_argv, log_dir, f"http://{reachable}:{port}", placements)
         for spec in specs:
             started[spec.instance_id] = start_instance(spec, log_dir)
         if started:
             logger.info("starting %d instances (logs in %s)", len(started), log_dir)
             specs = wait_all_ready(specs, started, log_dir)
-        for spec in specs:
-            registry.add(Instance(instance_id=spec.instance_id, url=spec.url, role=spec.role,
-                                  bootstrap_host=spec.host, bootstrap_port=spec.bootstrap_port, started_here=True,
-                                  pid=started[spec.instance_id].pid))
+        for k, spec in enumerate(specs):
+            inst = registry.add(Instance(instance_id=spec.instance_id, url=spec.url, role=spec.role,
+                                         bootstrap_host=spec.advertise_host, bootstrap_port=spec.bootstrap_port,
+                                         started_here=True, pid=started[spec.instance_id].pid,
+                                         gpus=placements[k].gpus if placements else 1))
+            inst.take_gpus(reported_gpus(spec, keys))  # its own report, where it answers
         for inst in registry:
             registry.set_state(inst, State.ACTIVE)
         front = Front(config, registry, processes=dict(started),
@@ -140,6 +177,17 @@ def run_front(config: ProrsaConfig, sglang_argv: list[str], host: str, port: int
         processes.stop_many(deployment_processes(started, front), grace_s=5.0)
         if master is not None:
             master.stop()
+
+
+def reported_gpus(spec: InstanceSpec, keys: AuthKeys) -> object:
+    """The GPU count an instance reports (``gpus`` of its ``GET /prorsa/status``); None when it does not answer."""
+    import requests
+
+    try:
+        r = requests.get(spec.url + "/prorsa/status", timeout=10, headers=keys.admin_headers())
+        return r.json().get("gpus") if r.status_code == 200 else None
+    except (requests.RequestException, ValueError, AttributeError):
+        return None
 
 
 def deployment_processes(started: dict, front: Any) -> list:

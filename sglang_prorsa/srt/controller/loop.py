@@ -105,6 +105,7 @@ class ControlLoop:
         inst.missed_checks = 0
         inst.last_seen = time.time()
         inst.running, inst.queued = int(st.get("running", 0)), int(st.get("queued", 0))
+        inst.take_gpus(st.get("gpus"))  # Eq. 1's G counts what the instance reports (registered from anywhere)
         inst.kv_footprint_tokens = int(st.get("kv_footprint_tokens", 0))
         inst.kv_capacity_tokens = int(st.get("kv_capacity_tokens", 0))
         inst.prefix_cache_tokens = int(st.get("prefix_cache_tokens", 0))

@@ -90,12 +90,12 @@ def describe(inst: Instance) -> dict[str, Any]:
 
 
 async def join(front: Any, instance_id: str, url: str, role: str, bootstrap_host: str,
-               bootstrap_port: int | None, events_to: str | None = None) -> tuple[Instance, bool]:
+               bootstrap_port: int | None, events_to: str | None = None, gpus: Any = None) -> tuple[Instance, bool]:
     """An instance joins (or announces itself again): into the registry, every instance's peer list and, for a PD
     role, the external router's pool. (its entry, whether it is new). ``events_to``: the controller's URL as the
     instance's registrar reached it, for an instance that does not know its controller (registered by a trainer's
     ``POST /workers``): the peer push tells it, and its request events then feed this controller's forecast."""
-    inst, new = front.registry.register(instance_id, url, role, bootstrap_host, bootstrap_port)
+    inst, new = front.registry.register(instance_id, url, role, bootstrap_host, bootstrap_port, gpus)
     if new and events_to:
         inst.controller_url = events_to
     # Every announcement, not only a new one: an instance that did not accept the last list (it restarted under its

@@ -15,7 +15,8 @@
     POST /prorsa/peers {"instances": [...], "version"?, "controller"?}  the controller's registry, for continuing
                                                      requests (and, for an instance registered by POST /workers on
                                                      the front, where its request events go)
-    GET  /prorsa/status                                  role, idle, loads, KV, counters, busy intervals, engine state
+    GET  /prorsa/status                                  role, idle, loads, KV, counters, busy intervals, engine state,
+                                                         gpus (tp × pp × dp of its SGLang arguments; 1 on CPU)
     GET  /prorsa/metrics                                 the same in Prometheus text
 
 Errors are ``{"error": ..., "code": ..., "field"?: ...}`` with a typed ``code`` (``srt/messages.Code``).
@@ -30,6 +31,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sglang_prorsa.srt.common.auth import admin
+from sglang_prorsa.srt.common.gpus import instance_gpus
 from sglang_prorsa.srt.common.http_utils import coded_error, field_error, json_body
 from sglang_prorsa.srt.common.messages import ChannelError, Code
 from sglang_prorsa.srt.disaggregation.kv_store import check_key
@@ -225,6 +227,7 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
         d = dict(vars(st))
         d["busy_intervals"] = [vars(i) for i in st.busy_intervals]
         d["instance"] = side.instance_id
+        d["gpus"] = 1 if cpu or side.tm is None else instance_gpus(side.tm.server_args)  # Eq. 1's G counts these
         d.update(side.status())
         return JSONResponse(d)
 

@@ -104,7 +104,10 @@ class Installed:
         for this instance's own ``/health`` (an in-process engine served by a framework's own HTTP server)."""
         if not self.spec.controller_url:
             return
-        threading.Thread(target=_register_forever, args=(self.spec, lambda: self.side.role, self.keys,
+        from sglang_prorsa.srt.common.gpus import instance_gpus
+
+        gpus = instance_gpus(self.server_args) if str(self.server_args.device) != "cpu" else 1
+        threading.Thread(target=_register_forever, args=(self.spec, lambda: self.side.role, self.keys, gpus,
                                                          wait_until_serving),
                          name="prorsa-register", daemon=True).start()
 
@@ -164,10 +167,11 @@ def mount_lifecycle(app, config: ProrsaConfig):
     return control_plane
 
 
-def registration(spec: InstanceSpec, role: str) -> dict:
+def registration(spec: InstanceSpec, role: str, gpus: int = 1) -> dict:
+    """What an instance registers: its id, URL, role, PD bootstrap address and the GPUs it occupies (Eq. 1's G)."""
     host = spec.url.split("://", 1)[1].rsplit(":", 1)[0]
     return {"instance_id": spec.instance_id, "url": spec.url, "role": role,
-            "bootstrap_port": spec.bootstrap_port, "bootstrap_host": host}
+            "bootstrap_port": spec.bootstrap_port, "bootstrap_host": host, "gpus": gpus}
 
 
 def _wait_serving(spec: InstanceSpec) -> None:
@@ -182,14 +186,15 @@ def _wait_serving(spec: InstanceSpec) -> None:
         time.sleep(1.0)
 
 
-def _register_forever(spec: InstanceSpec, current_role, keys: AuthKeys, wait_until_serving: bool = False) -> None:
+def _register_forever(spec: InstanceSpec, current_role, keys: AuthKeys, gpus: int = 1,
+                      wait_until_serving: bool = False) -> None:
     import requests
 
     if wait_until_serving:
         _wait_serving(spec)
     logged = False
     while True:
-        body = json.dumps(registration(spec, current_role()))
+        body = json.dumps(registration(spec, current_role(), gpus))
         try:
             r = requests.post(spec.controller_url.rstrip("/") + "/prorsa/register", data=body, timeout=10,
                               headers={"Content-Type": "application/json", **keys.admin_headers()})

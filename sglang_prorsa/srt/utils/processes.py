@@ -85,6 +85,7 @@ class ServerProcess:
     log_path: Path
     started_at: float = field(default_factory=time.monotonic)
     ready_s: float | None = None
+    env: dict[str, str] | None = None  # what it was started with beyond ours (a restart starts it with the same)
 
     @property
     def url(self) -> str:
@@ -170,7 +171,7 @@ def start(
             env=loopback_env(env), start_new_session=True,
             preexec_fn=_die_with_parent if die_with_parent else None,
         )
-    server = ServerProcess(name=name, argv=argv, port=port, proc=proc, log_path=log_path)
+    server = ServerProcess(name=name, argv=argv, port=port, proc=proc, log_path=log_path, env=env)
     _LIVE[proc.pid] = server
     return server
 

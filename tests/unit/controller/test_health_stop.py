@@ -32,6 +32,7 @@ class StandIn:
         self.name = f"stand-in-{self.pid}"
         self.argv = [sys.executable, "-m", launcher.INSTANCE_MODULE, "--spec", str(log_dir / "instance-1.json")]
         self.log_path = log_dir / f"{self.name}.log"
+        self.env = {"SGLANG_HOST_IP": "127.0.0.1", "MC_TCP_BIND_ADDRESS": "127.0.0.1"}
         self.proc = SimpleNamespace(returncode=None)
         self.stopped = False
         self.on_stop = lambda: None
@@ -63,6 +64,7 @@ def front_with_one_lost_instance(tmp_path: Path, monkeypatch) -> tuple[Health, I
     started: list[StandIn] = []
 
     def start(module_args, **kwargs):
+        assert kwargs["env"] == first.env  # a restart advertises the address the first start did
         started.append(StandIn(tmp_path, loads=False))
         return started[-1]
 
