@@ -30,7 +30,6 @@ plan, the model generators importable) and writes the summary with the commands 
 from __future__ import annotations
 
 import argparse
-import base64
 import importlib
 import json
 import multiprocessing
@@ -553,8 +552,7 @@ def check_routed_experts(ctx: Context) -> dict:
     import numpy as np
     import requests
 
-    from sglang_prorsa.testing.front_client import distinct_prompts, instance_status, instances, sampling
-    from sglang_prorsa.testing.pd import new_bootstrap_room
+    from sglang_prorsa.testing.front_client import distinct_prompts, instance_status, instances
     from sglang_prorsa.testing.tiny_moe import TinyMoeSpec, ensure_moe_model
 
     spec = TinyMoeSpec()
@@ -563,36 +561,19 @@ def check_routed_experts(ctx: Context) -> dict:
     kinds = ((False, None), (False, "prompt"), (True, None))  # (stream, routed_experts_start_len)
     d = ctx.details
 
+    from sglang_prorsa.testing import routed_requests
+
     def body(prompt: list[int], stream: bool, start: Any) -> dict:
-        out = {"input_ids": prompt, "sampling_params": sampling(MOE_MAX_NEW), "return_routed_experts": True,
-               "stream": stream}
-        if start == "prompt":
-            out["routed_experts_start_len"] = len(prompt)
-        return out
+        return routed_requests.routed_body(prompt, MOE_MAX_NEW, stream, start)
 
     def post(url: str, payload: dict) -> dict:
-        with requests.post(url + "/generate", json=payload, timeout=ctx.remaining(), stream=payload["stream"]) as r:
-            assert r.status_code == 200, r.text[:1000]
-            if not payload["stream"]:
-                return r.json()
-            events = [json.loads(line[5:]) for line in r.iter_lines()
-                      if line.startswith(b"data:") and line[5:].strip() != b"[DONE]"]
-        assert events, "an empty stream"
-        return events[-1]
+        return routed_requests.post(url, payload, timeout=ctx.remaining())
 
     def pair_post(prefill: dict, decode: dict, payload: dict) -> dict:
-        payload = dict(payload, bootstrap_host=prefill["bootstrap_host"], bootstrap_port=prefill["bootstrap_port"],
-                       bootstrap_room=new_bootstrap_room())
-        with ThreadPoolExecutor(2) as ex:
-            half = ex.submit(requests.post, prefill["url"] + "/generate", json=dict(payload, stream=False),
-                             timeout=ctx.remaining())
-            answer = post(decode["url"], payload)
-            assert half.result().status_code == 200, half.result().text[:500]
-        return answer
+        return routed_requests.pair_post(prefill, decode, payload, timeout=ctx.remaining())
 
     def rows(answer: dict) -> Any:
-        raw = base64.b64decode(answer["meta_info"]["routed_experts"])
-        return np.frombuffer(raw, dtype=np.int32).reshape(-1, spec.layers, spec.top_k)
+        return routed_requests.rows(answer, spec.layers, spec.top_k)
 
     with running_front(ctx, "routed_experts", model, ["--enable-return-routed-experts"]) as (srv, _):
         url = srv.url
@@ -699,7 +680,7 @@ def dry_run(checks: tuple[Check, ...], out: Path, engine_flags: list[str], budge
     for mod, fn in (("sglang_prorsa.testing.tiny_model", "ensure_default_model"),
                     ("sglang_prorsa.testing.tiny_moe", "ensure_moe_model"),
                     ("sglang_prorsa.testing.front_client", "switch_under_load"),
-                    ("sglang_prorsa.testing.pd", "new_bootstrap_room"),
+                    ("sglang_prorsa.testing.routed_requests", "pair_post"),
                     ("sglang_prorsa.srt.utils.processes", "start")):
         try:
             ok = callable(getattr(importlib.import_module(mod), fn))

@@ -19,6 +19,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 from sglang_prorsa.srt.common.paths import cache_root
 
@@ -175,34 +176,45 @@ def ensure_default_model(spec: TinyModelSpec | None = None, cache: Path | None =
     (atomically: build in a temp dir, then rename)."""
     spec = spec or TinyModelSpec()
     target = Path(cache_root() if cache is None else cache) / "models" / f"tiny-llama-{spec.key()}"
-    if (target / "prorsa_tiny_model.json").exists():
+    return cached_build(target, "prorsa_tiny_model.json", lambda out: generate(spec, out))
+
+
+def cached_build(target: Path, marker: str, build: Callable[[Path], object]) -> Path:
+    """``target``, built once by ``build(directory)`` (which writes ``marker`` last) in a temp dir and renamed into
+    place, so a reader never sees a half-written model and two processes building at once leave one copy."""
+    if (target / marker).exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent))
     try:
-        generate(spec, tmp / "m")
+        build(tmp / "m")
         try:
             os.rename(tmp / "m", target)
         except OSError:  # another process won the race; theirs is identical
-            if not (target / "prorsa_tiny_model.json").exists():
+            if not (target / marker).exists():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
-def main(argv: list[str] | None = None) -> None:
-    d = TinyModelSpec()
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def spec_from_argv(spec_class: type, description: str, argv: list[str] | None):
+    """(parser, ``--out``, the spec): a generator's command line, one flag per field of its frozen spec."""
+    defaults = spec_class()
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--out", required=True, type=Path, help="output directory (created; must be empty)")
-    for field, default in asdict(d).items():
+    for field, default in asdict(defaults).items():
         p.add_argument(f"--{field.replace('_', '-')}", type=type(default), default=default)
     args = p.parse_args(argv)
-    spec = TinyModelSpec(**{k: getattr(args, k) for k in asdict(d)})
+    return p, args.out, spec_class(**{k: getattr(args, k) for k in asdict(defaults)})
+
+
+def main(argv: list[str] | None = None) -> None:
+    p, out_dir, spec = spec_from_argv(TinyModelSpec, __doc__.split("\n\n")[0], argv)
     if spec.hidden % spec.heads or spec.heads % spec.kv_heads:
         p.error("--hidden must divide by --heads, and --heads by --kv-heads")
     try:
-        out = generate(spec, args.out)
+        out = generate(spec, out_dir)
     except FileExistsError as e:
         p.error(str(e))
     print(out)

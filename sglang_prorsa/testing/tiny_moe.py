@@ -12,17 +12,14 @@ same request batched differently (fp32 on CPU differs by ~1e-5 there).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import os
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sglang_prorsa.srt.common.paths import cache_root
-from sglang_prorsa.testing.tiny_model import TinyModelSpec, ensure_default_model
+from sglang_prorsa.testing.tiny_model import TinyModelSpec, cached_build, ensure_default_model, spec_from_argv
 
 # The tokenizer's files (the dense model's), copied as they are.
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
@@ -161,35 +158,18 @@ def ensure_moe_model(spec: TinyMoeSpec | None = None, cache: Path | None = None)
     target = Path(cache_root() if cache is None else cache) / "models" / f"tiny-qwen2moe-{spec.key()}"
     if (target / "prorsa_tiny_moe.json").exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
     tokenizer_dir = ensure_default_model(TinyModelSpec(seed=spec.seed), cache=cache)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-moe-", dir=target.parent))
-    try:
-        generate(spec, tmp / "m", tokenizer_dir)
-        try:
-            os.rename(tmp / "m", target)
-        except OSError:  # another process won the race; theirs is identical
-            if not (target / "prorsa_tiny_moe.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return cached_build(target, "prorsa_tiny_moe.json", lambda out: generate(spec, out, tokenizer_dir))
 
 
 def main(argv: list[str] | None = None) -> None:
-    d = TinyMoeSpec()
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, type=Path, help="output directory (created; must be empty)")
-    for field, default in asdict(d).items():
-        p.add_argument(f"--{field.replace('_', '-')}", type=type(default), default=default)
-    args = p.parse_args(argv)
-    spec = TinyMoeSpec(**{k: getattr(args, k) for k in asdict(d)})
+    p, out_dir, spec = spec_from_argv(TinyMoeSpec, __doc__.split("\n\n")[0], argv)
     if spec.hidden % spec.heads or spec.heads % spec.kv_heads:
         p.error("--hidden must divide by --heads, and --heads by --kv-heads")
     if not 0 < spec.top_k <= spec.experts:
         p.error("--top-k must be in [1, --experts]")
     try:
-        out = generate(spec, args.out)
+        out = generate(spec, out_dir)
     except FileExistsError as e:
         p.error(str(e))
     print(out)

@@ -50,18 +50,3 @@ def single_server(tiny_model, log_dir):
     (srv,) = _start_all([("single", _common(port), port)], log_dir)
     yield srv
     srv.stop()
-
-
-@pytest.fixture(scope="module")
-def pd_pair(tiny_model, log_dir):
-    """A prefill and a decode server moving KV over Mooncake's TCP transport on loopback."""
-    pport, dport, bport = servers.free_port(), servers.free_port(), servers.free_port()
-    disagg = ["--disaggregation-transfer-backend", "mooncake"]
-    prefill, decode = _start_all([
-        ("prefill", _common(pport) + disagg + ["--disaggregation-mode", "prefill",
-                                               "--disaggregation-bootstrap-port", str(bport)], pport),
-        ("decode", _common(dport) + disagg + ["--disaggregation-mode", "decode"], dport),
-    ], log_dir)
-    yield prefill, decode, bport
-    decode.stop()
-    prefill.stop()

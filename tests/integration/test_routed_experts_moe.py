@@ -16,9 +16,7 @@ So the rows compared exactly are those some instance computed: every row of a re
 
 from __future__ import annotations
 
-import base64
 import functools
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,8 +25,8 @@ import pytest
 import requests
 from tests_support import running_front
 
-from sglang_prorsa.testing.front_client import distinct_prompts, instance_status, instances, sampling
-from sglang_prorsa.testing.pd import new_bootstrap_room
+from sglang_prorsa.testing import routed_requests
+from sglang_prorsa.testing.front_client import distinct_prompts, instance_status, instances
 from sglang_prorsa.testing.tiny_moe import TinyMoeSpec, ensure_moe_model
 
 pytestmark = pytest.mark.integration
@@ -53,46 +51,17 @@ def moe_front(log_dir, tmp_path_factory):
 
 
 def body(prompt: list[int], stream: bool, start) -> dict:
-    out = {"input_ids": prompt, "sampling_params": sampling(MAX_NEW), "return_routed_experts": True,
-           "stream": stream}
-    if start == "prompt":
-        out["routed_experts_start_len"] = len(prompt)
-    return out
-
-
-def post(url: str, payload: dict) -> dict:
-    """One ``/generate``; a stream's last event (the one with the final meta_info) for a streamed one."""
-    with requests.post(url + "/generate", json=payload, timeout=600, stream=payload["stream"]) as r:
-        assert r.status_code == 200, r.text[:2000]
-        if not payload["stream"]:
-            return r.json()
-        events = [json.loads(line[5:]) for line in r.iter_lines()
-                  if line.startswith(b"data:") and line[5:].strip() != b"[DONE]"]
-    assert events and all("routed_experts" not in e["meta_info"] for e in events[:-1])  # final output only
-    return events[-1]
-
-
-def pair_post(prefill: dict, decode: dict, payload: dict) -> dict:
-    """Both halves of one PD request, straight to ``prefill`` and ``decode`` (as SGLang's router sends them); the
-    decode half's answer is the caller's."""
-    payload = dict(payload, bootstrap_host=prefill["bootstrap_host"], bootstrap_port=prefill["bootstrap_port"],
-                   bootstrap_room=new_bootstrap_room())
-    with ThreadPoolExecutor(2) as ex:
-        half = ex.submit(requests.post, prefill["url"] + "/generate", json=dict(payload, stream=False), timeout=600)
-        answer = post(decode["url"], payload)
-        assert half.result().status_code == 200
-    return answer
+    return routed_requests.routed_body(prompt, MAX_NEW, stream, start)
 
 
 def rows(answer: dict) -> np.ndarray:
-    raw = base64.b64decode(answer["meta_info"]["routed_experts"])
-    return np.frombuffer(raw, dtype=np.int32).reshape(-1, SPEC.layers, SPEC.top_k)
+    return routed_requests.rows(answer, SPEC.layers, SPEC.top_k)
 
 
 def test_a_moved_requests_routed_experts_equal_the_unmoved_runs(moe_front):
     front = moe_front
     with ThreadPoolExecutor(len(PROMPTS)) as ex:
-        ref = list(ex.map(lambda a: post(front.url, body(*a)),
+        ref = list(ex.map(lambda a: routed_requests.post(front.url, body(*a)),
                           [(p, s, start) for p, (s, start) in zip(PROMPTS, KINDS)]))
     for prompt, answer, (_, start) in zip(PROMPTS, ref, KINDS):
         assert len(answer["output_ids"]) == MAX_NEW
@@ -109,7 +78,8 @@ def test_a_moved_requests_routed_experts_equal_the_unmoved_runs(moe_front):
     (prefill,) = [i for i in insts if i["role"] == "prefill"]
     swept, other = sorted((i for i in insts if i["role"] == "decode"), key=lambda i: i["instance"])
     with ThreadPoolExecutor(len(PROMPTS)) as ex:
-        futures = [ex.submit(pair_post, prefill, swept, body(p, s, start)) for p, (s, start) in zip(PROMPTS, KINDS)]
+        futures = [ex.submit(routed_requests.pair_post, prefill, swept, body(p, s, start))
+                   for p, (s, start) in zip(PROMPTS, KINDS)]
         deadline = time.monotonic() + 120
         while instance_status(swept["url"])["running"] < len(PROMPTS):
             assert time.monotonic() < deadline, "the requests never all ran on the decode instance to sweep"

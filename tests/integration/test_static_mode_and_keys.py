@@ -63,7 +63,13 @@ def instance_urls(front) -> list[str]:
     return [i["url"] for i in r.json()["instances"]]
 
 
-def test_static_mode_serves_the_same_greedy_output_as_a_single_server(static_front, single_server):
+def test_static_mode_serves_the_same_greedy_output_as_a_single_server(static_front, single_server, tiny_model):
+    """A prefill/decode pair over Mooncake (TCP, loopback) behind the front answers exactly what one colocated server
+    answers, for prompts that span several chunked-prefill chunks (``--chunked-prefill-size 64``) too."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    assert max(len(tok(p)["input_ids"]) for p in PROMPTS) > 64
     for prompt in PROMPTS:
         body = {"text": prompt, "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}}
         ours = requests.post(static_front.url + "/generate", json=body, timeout=300,
