@@ -1,7 +1,7 @@
 """A front that stops while it restarts an instance (issue 29, item 4; controller/health.py): no restart starts after
 ``Health.stop``, one still waiting for its process to load ends that process at once, and every process a restart
 started stays known, so the front's shutdown can end them all. Stand-in processes; the real thing is
-tests/integration/test_stop_during_restart.py."""
+tests/integration/test_poison_containment.py (its last test)."""
 
 from __future__ import annotations
 
