@@ -176,9 +176,8 @@ def trajectory_of(obj: Any, request: Any) -> str | None:
     on ``obj`` (an in-process caller has no HTTP request) and the request's headers (the middleware moved a
     ``trajectory_id`` body field into ``X-Trajectory-Id``). An id carried in ``custom_params`` (verl's agent loop,
     ``engine_api.carried_id``) is removed from the sampling parameters here, before the scheduler sees them. None
-    for a batch (several prompts, or ``n`` > 1): a
-    trajectory is one request at a time, and a batch's prompts under one id would be concurrent arrivals of one
-    trajectory, which the tracker rejects."""
+    for a batch (several prompts, or ``n`` > 1): a trajectory is one request at a time, and a batch's prompts under
+    one id would be concurrent arrivals of one trajectory, which the tracker rejects."""
     params = obj.sampling_params
     fields = {name: getattr(obj, name, None) for name in SGLANG_ID_FIELDS}
     tid = trajectory_id_of({**fields, "sampling_params": params}, request.headers if request is not None else None)
