@@ -14,8 +14,9 @@ Checks (docs/gpu.md says what each proves and why its timeout is what it is):
                        ``control_operation``), a switch while released held, generation after resume = reference
 4. ``routed_experts``  the tiny Qwen2-MoE with ``--enable-return-routed-experts``: requests swept off a decode
                        instance while they decode report the same computed ``routed_experts`` rows as unmoved
-5. ``tp2``             with two GPUs visible: the busy switch of (2) with ``--tp-size 2`` (expected to fail until the
-                       persisted KV keys carry the rank); SKIP with one GPU
+5. ``tp2``             with two GPUs visible: the busy switch of (2) with ``--tp-size 2``: identical ``output_ids``,
+                       and each rank's blocks under its own keys (store entries = 2 x the blocks rank 0 persisted,
+                       none refused for layout); SKIP with one GPU
 
 Each check runs in a forked child process with a hard timeout (the child and every server it started are killed
 when it runs over), inside a total budget (``--budget-s``, 8 minutes by default): a check that would start with too
@@ -56,7 +57,6 @@ TOTAL_BUDGET_S = 480.0  # 8 minutes on one H200 / H100, every check and the envi
 MIN_START_S = 20.0  # a check is not started with less than this left in the budget
 KERNEL_TEST = REPO / "tests" / "unit" / "kernels" / "test_kv_gpu.py"
 LAUNCH_MODULE = "sglang_prorsa.launch_server"
-TP2_EXPECTED = "may fail until rank-aware persist lands"
 
 # SGLang flags of every front's instances on the GPU. Three instances share one GPU (no GPU is assigned per instance):
 # SGLang sizes its KV pool as (free memory after load) - (free memory at start) x (1 - fraction), so a high fraction
@@ -322,10 +322,12 @@ def _moved(out: dict) -> bool:
     return bool(out.get("meta_info", {}).get("prorsa", {}).get("migrations"))
 
 
-def _engine_counter(url: str, name: str) -> int:
+def _engine_counter(url: str, name: str, counters: str = "engine_counters") -> int:
+    """``name`` summed over the front's instances, from ``engine_counters`` (the engine side's) or ``counters``
+    (the scheduler's) of each ``/prorsa/status``."""
     from sglang_prorsa.testing.front_client import instance_status, instances
 
-    return sum(int(instance_status(i["url"]).get("engine_counters", {}).get(name, 0)) for i in instances(url))
+    return sum(int(instance_status(i["url"]).get(counters, {}).get(name, 0)) for i in instances(url))
 
 
 def busy_switch_round(ctx: Context, url: str, n: int = 16, max_new: int = SWITCH_MAX_NEW,
@@ -625,7 +627,7 @@ def plan_tp2(ctx: Context) -> list[str]:
     return ["skipped unless torch.cuda.device_count() >= 2",
             _front_command(ctx, "tp2", str(_model_dir("dense")), ["--tp-size", "2"]),
             "the busy switch of busy_switch (16 requests, busiest decode -> prefill): identical output_ids, "
-            "taken >= 2; the KV store's keys listed"]
+            "taken >= 2; store entries = 2 x kv_blocks_persisted (one key set per TP rank), kv_layout_refused = 0"]
 
 
 def check_tp2(ctx: Context) -> dict:
@@ -634,12 +636,18 @@ def check_tp2(ctx: Context) -> dict:
 
     model = ensure_default_model()
     with running_front(ctx, "tp2", model, ["--tp-size", "2"]) as (srv, store):
-        try:
-            return busy_switch_round(ctx, srv.url)
-        finally:  # what the ranks persisted: one key set (rank-blind) or one per rank
-            files = sorted(p.relative_to(store).as_posix() for p in store.rglob("*") if p.is_file())
-            ctx.details["kv_store"] = {"files": len(files), "sample": files[:12],
-                                       "bytes": sum((store / f).stat().st_size for f in files)}
+        result = busy_switch_round(ctx, srv.url)
+        # Each rank persists its own shard under its own keys (rank in the key layout): the store holds one entry per
+        # block per rank. Status counters are TP rank 0's, so the entries are twice the blocks it persisted.
+        files = sorted(p.relative_to(store).as_posix() for p in store.rglob("*")
+                       if p.is_file() and not p.name.startswith(".tmp-"))  # a write in progress is not an entry
+        blocks = _engine_counter(srv.url, "kv_blocks_persisted", counters="counters")
+        refused = _engine_counter(srv.url, "kv_layout_refused", counters="counters")
+        ctx.details["kv_store"] = {"files": len(files), "rank0_blocks": blocks, "layout_refused": refused,
+                                   "bytes": sum((store / f).stat().st_size for f in files)}
+        assert blocks > 0 and len(files) == 2 * blocks, f"store entries {len(files)} != 2 x {blocks} rank-0 blocks"
+        assert refused == 0, f"{refused} loads refused for their layout"
+        return {"reason": result["reason"] + f"; {len(files)} store entries = 2 ranks x {blocks} blocks"}
 
 
 CHECKS: tuple[Check, ...] = (
@@ -651,7 +659,7 @@ CHECKS: tuple[Check, ...] = (
           check_memory_release, plan_memory_release),
     Check("routed_experts", "routed experts of moved requests = unmoved run (tiny MoE)", 80.0,
           check_routed_experts, plan_routed_experts),
-    Check("tp2", "TP 2 persist/resume across a busy switch", 90.0, check_tp2, plan_tp2, expected=TP2_EXPECTED),
+    Check("tp2", "TP 2 persist/resume across a busy switch, one key set per rank", 90.0, check_tp2, plan_tp2),
 )
 
 

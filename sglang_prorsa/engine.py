@@ -77,8 +77,8 @@ class Engine(SGLangEngine):
         from sglang_prorsa.srt.instance.install import install
 
         config = cls.options.config()
-        prepare_in_process()
         spec = spec_of(config, server_args, (), switchable=cls.options.switchable)
+        prepare_in_process(spec)
         installed = install(spec, server_args, http_server.app)
         INSTALLED = installed
         launched = super()._launch_subprocesses(

@@ -202,12 +202,16 @@ def instance_config(*, controller_url: str | None = None, instance_id: str | Non
     return config
 
 
-def prepare_in_process() -> None:
+def prepare_in_process(spec: InstanceSpec) -> None:
     """What an instance started from a function needs before SGLang starts its processes: the kernels importable,
-    and on a host without CUDA the CPU recipe's environment for the scheduler processes (they read it at start; the
-    libcuda stub on LD_LIBRARY_PATH reaches only processes started after this, so a caller on a CPU host sets the
-    recipe's environment before it starts this process: tests/integration/slime_engine.py does)."""
+    the address it advertises (``spec.advertise_host``, from ``advertise_url`` / SGLang's ``host``) in the two
+    variables SGLang's PD bootstrap and Mooncake's transfer engine read in the processes SGLang starts next
+    (``address_environment``), and on a host without CUDA the CPU recipe's environment for the scheduler processes
+    (they read it at start; the libcuda stub on LD_LIBRARY_PATH reaches only processes started after this, so a
+    caller on a CPU host sets the recipe's environment before it starts this process:
+    tests/integration/slime_engine.py does)."""
     check_kernels_importable()
+    os.environ.update(address_environment(spec.advertise_host, dict(os.environ)))
     if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1" and not cpu_recipe.cuda_available():
         os.environ.update(cpu_recipe.cpu_environment(dict(os.environ)))
 
@@ -231,10 +235,11 @@ def launch_server(server_args, *, controller_url: str | None = None, instance_id
     config = instance_config(controller_url=controller_url, instance_id=instance_id, advertise_url=advertise_url,
                              kv_store=kv_store, kv_store_path=kv_store_path, mooncake_master=mooncake_master,
                              cpu_threads=cpu_threads)
-    prepare_in_process()
+    spec = spec_of(config, server_args, (), switchable=switchable)
+    prepare_in_process(spec)
     from sglang_prorsa.srt.instance.server import run_instance
 
-    run_instance(spec_of(config, server_args, (), switchable=switchable), server_args=server_args)
+    run_instance(spec, server_args=server_args)
 
 
 def main(argv: list[str] | None = None) -> None:

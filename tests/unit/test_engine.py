@@ -54,7 +54,7 @@ def test_the_launch_installs_first_and_composes_with_the_callers_hooks(monkeypat
         return ("tm", "templates", "port_args", "init", "watchdog", [])
 
     monkeypatch.setattr(install_module, "install", install)
-    monkeypatch.setattr(entry, "prepare_in_process", lambda: calls.setdefault("prepared", True))
+    monkeypatch.setattr(entry, "prepare_in_process", lambda spec: calls.setdefault("prepared", spec.advertise_host))
     monkeypatch.setattr(SGLangEngine, "_launch_subprocesses", classmethod(sglang_launch))
     monkeypatch.setattr(Installed, "register_forever", lambda self, wait_until_serving=False: calls.setdefault(
         "register", wait_until_serving))
@@ -80,7 +80,7 @@ def test_the_launch_installs_first_and_composes_with_the_callers_hooks(monkeypat
     scheduler = launch["run_scheduler_process_func"]
     assert isinstance(scheduler, functools.partial) and scheduler.func is run_scheduler_process
     assert scheduler.args == (runtime,) and scheduler.keywords == {"inner": inner_scheduler}
-    assert calls["prepared"] is True and calls["register"] is True  # registers once its own /health answers
+    assert calls["prepared"] == "127.0.0.1" and calls["register"] is True  # registers once its own /health answers
 
 
 def test_the_scheduler_entry_applies_the_overrides_then_runs_the_callers_entry(monkeypatch):

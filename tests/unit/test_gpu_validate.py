@@ -35,7 +35,8 @@ def _check_plan(summary: dict) -> None:
     assert "--enable-return-routed-experts" in checks["routed_experts"]["commands"][0]
     assert "tiny-qwen2moe-" in checks["routed_experts"]["commands"][0]
     assert "--tp-size 2" in " ".join(checks["tp2"]["commands"])
-    assert checks["tp2"]["expected"] == "may fail until rank-aware persist lands"
+    assert "expected" not in checks["tp2"]  # rank-aware persist is built: a FAIL is a failure
+    assert "2 x kv_blocks_persisted" in " ".join(checks["tp2"]["commands"])
     assert sum(c["timeout_s"] for c in checks.values()) <= summary["budget_s"] <= 480
     assert all(v == "importable" for v in summary["wiring"].values()), summary["wiring"]
 

@@ -123,13 +123,19 @@ class PeerLost:
 @dataclass(frozen=True)
 class LoadPrefix:
     """Load a persisted prefix from the KV store into this instance's prefix cache, and keep it from eviction until
-    the request ``hold_for_rid`` has been scheduled here or ``hold_s`` passed (issue 14: a loaded prefix is locked)."""
+    the request ``hold_for_rid`` has been scheduled here or ``hold_s`` passed (issue 14: a loaded prefix is locked).
+
+    ``layout``: the source's parallel KV layout (``kv_persist.layout_of``). Given, each tensor-parallel rank here
+    recomputes its own keys from ``token_ids`` and ``block_tokens`` (``keys`` are then unused), and a layout other
+    than this instance's is refused: nothing is loaded and the prefix is recomputed. Empty (a sender that predates
+    it): ``keys`` are loaded as they are."""
 
     token_ids: list[int]
     keys: list[str]
     block_tokens: int
     hold_for_rid: str = ""
     hold_s: float = 30.0
+    layout: str = ""
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,9 @@ class MigratedRequest:
     ``kv_tokens`` leading tokens of ``input_ids + output_ids`` have their KV in the store under ``keys``; a request
     with ``kv_tokens == 0`` had not started here and is sent again from ``input_ids + output_ids``.
     ``weight_versions``: [(version, start, end)] spans over ``output_ids``, as SGLang reports them.
+    ``layout``: the source's parallel KV layout (``kv_persist.layout_of``); each of its tensor-parallel ranks
+    persisted its shard under its own keys (``keys`` are rank 0's), and the destination loads only under an equal
+    layout. Empty when no KV was persisted (or from a source that predates it).
     """
 
     rid: str
@@ -164,6 +173,7 @@ class MigratedRequest:
     bootstrap_port: int | None = None
     weight_versions: list[tuple[str, int, int]] = field(default_factory=list)
     deaths: int = 0  # instances that died serving it (its prefill instance died: 1); see MAX_DEATHS
+    layout: str = ""
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -227,6 +237,16 @@ class LoadPrefixResult:
     checksum_failures: int
     load_s: float
     held: bool = False
+    # Why nothing was loaded when the request was refused: LAYOUT_REFUSED (the source's parallel layout is not this
+    # instance's). Empty otherwise.
+    refused: str = ""
+    # The data-parallel rank that loaded it (its resumed request must be routed there: ``routed_dp_rank``), and how
+    # many this instance has; None on an instance without data parallelism.
+    dp_rank: int | None = None
+    dp_size: int = 1
+
+
+LAYOUT_REFUSED = "layout_mismatch"
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,8 @@ class Instance:
     busy_seq: int = -1  # the last busy interval read from it (θ)
     last_switch_s: float | None = None
     pid: int | None = None  # the process, for an instance this front started
+    reported_switches: int | None = None  # the switches it says it has completed (its registration heartbeat)
+    adopted_switch: bool = False  # it registered mid-switch (one a previous controller began): SWITCHING until done
 
     def take_gpus(self, reported: Any) -> bool:
         """Take the GPU count the instance reports (``gpus`` of its ``GET /prorsa/status`` or its registration:
@@ -132,11 +134,16 @@ class Registry:
         return inst
 
     def register(self, instance_id: str, url: str, role: str, bootstrap_host: str,
-                 bootstrap_port: int | None, gpus: Any = None) -> tuple[Instance, bool]:
+                 bootstrap_port: int | None, gpus: Any = None, switching: bool = False,
+                 switches: int | None = None) -> tuple[Instance, bool]:
         """An instance announces itself (again): (its entry, whether it is new). A known instance -- by id, or by URL
         under another id (one engine posted to ``POST /workers`` that also registers itself) -- keeps the state the
-        controller tracks; only its liveness (and the GPU count it reports, ``gpus``) is refreshed. One URL is never
-        two entries."""
+        controller tracks; its liveness (and the GPU count it reports, ``gpus``) is refreshed, and a role it took
+        without this controller is adopted (``_adopt``). One URL is never two entries.
+
+        ``switching`` / ``switches``: whether a switch of its own is running now, and how many it has completed. A
+        controller restarted while it switched an instance learns the instance mid-switch (SWITCHING, out of every
+        pool) or after (in the role it switched to): the roles as they are, not as the last controller meant them."""
         known = self.instances.get(instance_id) or self.by_url(url)
         if known is not None:
             known.last_seen = time.time()
@@ -146,11 +153,35 @@ class Registry:
                 known.state, known.role, known.epoch = State.ACTIVE, role, known.epoch + 1
                 known.missed_checks = 0
                 self.bump()
+            else:
+                self._adopt(known, role, switching, switches)
+            if switches is not None:
+                known.reported_switches = max(switches, known.reported_switches or 0)
             return known, False
         inst = Instance(instance_id=instance_id, url=url.rstrip("/"), role=role, bootstrap_host=bootstrap_host,
-                        bootstrap_port=bootstrap_port, state=State.ACTIVE, last_seen=time.time())
+                        bootstrap_port=bootstrap_port, state=State.SWITCHING if switching else State.ACTIVE,
+                        last_seen=time.time(), reported_switches=switches, adopted_switch=switching)
         inst.take_gpus(gpus)
         return self.add(inst), True
+
+    def _adopt(self, inst: Instance, role: str, switching: bool, switches: int | None) -> None:
+        """A switch this controller did not run: one it adopted mid-way is over (``switching`` false: ACTIVE in the
+        role reported), or an active instance reports another role after completing more switches than it last
+        said (a report older than a switch of ours, arriving after it, has no more and changes nothing)."""
+        if inst.adopted_switch:
+            if not switching:
+                inst.adopted_switch = False
+                self._took_role(inst, role)
+            return
+        newer = switches is not None and inst.reported_switches is not None and switches > inst.reported_switches
+        if inst.state is State.ACTIVE and not switching and role != inst.role and newer:
+            self._took_role(inst, role)
+
+    def _took_role(self, inst: Instance, role: str) -> None:
+        inst.role, inst.state, inst.target_role = role, State.ACTIVE, None
+        inst.epoch += 1  # rebuilt: its transfer endpoints are new
+        inst.role_since = time.time()
+        self.bump()
 
     def by_url(self, url: str) -> Instance | None:
         url = url.rstrip("/")

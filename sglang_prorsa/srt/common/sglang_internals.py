@@ -73,6 +73,10 @@ CLASS_LEVEL: tuple[tuple[str, str], ...] = (
     ("sglang.srt.managers.scheduler:Scheduler.is_fully_idle", "quiet before a rebuild; busy intervals"),
     ("sglang.srt.managers.scheduler:Scheduler.abort_request", "takes queued requests off the instance"),
     ("sglang.srt.managers.scheduler:run_scheduler_process", "our scheduler entry runs it after the overrides"),
+    ("sglang.srt.managers.scheduler:resolve_spawn_dp_rank", "our scheduler entry reads its DP rank as SGLang does "
+                                                            "(the spawn argument, else SGLANG_DP_RANK)"),
+    ("sglang.srt.utils:broadcast_pyobj", "TP rank 0 hands our control messages to the other TP ranks "
+                                         "(scheduler/ranks.py), as SGLang hands them its recv_reqs"),
     ("sglang.srt.mem_cache.kv_cache_configurator:KVCacheConfigurator._profile_available_bytes",
      "wrapped: a CPU pool sized by --max-total-tokens"),
     ("sglang.srt.mem_cache.kv_cache_configurator:get_schedule", "the token budget, read by that wrapper"),
@@ -162,13 +166,18 @@ SIGNATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
                                                                    "placement_group")),
     ("sglang.srt.mem_cache.kv_cache_configurator:KVCacheConfigurator._profile_available_bytes",
      ("self", "pre_model_load_memory")),
+    # instance/scheduler_process.py reads the DP rank from SGLang's positional spawn arguments.
+    ("sglang.srt.managers.scheduler:run_scheduler_process", ("server_args", "port_args", "gpu_id", "tp_rank",
+                                                             "pp_rank", "dp_rank")),
+    ("sglang.srt.managers.scheduler:resolve_spawn_dp_rank", ("dp_rank",)),
+    ("sglang.srt.utils:broadcast_pyobj", ("data", "rank", "dist_group", "src")),
 )
 
 # Scheduler instance attributes, per role ("any" = every role).
 SCHEDULER_ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "any": ("waiting_queue", "running_batch", "chunked_req", "tree_cache", "token_to_kv_pool_allocator",
             "req_to_token_pool", "disaggregation_mode", "server_args", "page_size", "max_total_num_tokens",
-            "idle_sleeper"),
+            "idle_sleeper", "tp_size", "tp_group"),
     "prefill": ("disagg_prefill_bootstrap_queue", "disagg_prefill_inflight_queue"),
     "decode": ("disagg_decode_prealloc_queue", "disagg_decode_transfer_queue"),
 }
@@ -251,6 +260,8 @@ INSTANCE_LEVEL: tuple[tuple[str, tuple[str, ...], str], ...] = (
      "scheduler/extension.py, scheduler/kv.py (checked per role on the live scheduler too)"),
     ("sglang.srt.managers.scheduler_components.idle_sleeper:IdleSleeper", ("poller",),
      "our channel wakes an idle scheduler"),
+    ("sglang.srt.distributed.parallel_state:GroupCoordinator", ("rank", "ranks", "rank_in_group", "cpu_group"),
+     "scheduler/ranks.py: the scheduler's tp_group (its TP rank; the broadcast of our control messages)"),
     (f"{_SB}:Req", REQ_ATTRIBUTES + ("finished",), "taking requests off, records, counters"),
     (f"{_SB}:ReqKvInfo", ("req_pool_idx",), "scheduler/kv.py: a request's req_to_token row"),
     (f"{_SB}:ScheduleBatch", ("reqs", "extend_lens", "extend_num_tokens", "forward_mode"),

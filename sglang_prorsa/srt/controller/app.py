@@ -150,7 +150,8 @@ def build_app(front: Front) -> FastAPI:
             return field_error(*problem)
         inst, new = await workers.join(front, body["instance_id"], body["url"], body["role"],
                                        body.get("bootstrap_host") or "127.0.0.1", body.get("bootstrap_port"),
-                                       gpus=body.get("gpus"))
+                                       gpus=body.get("gpus"), switching=bool(body.get("switching", False)),
+                                       switches=body.get("switches"))
         return {"instance": inst.describe(), "new": new, "version": front.registry.version}
 
     workers.mount(app, front)  # sglang-router's worker API: GET/POST /workers, GET/DELETE /workers/{id}
@@ -215,6 +216,11 @@ def _check_registration(body: dict) -> tuple[str, str] | None:
     port = body.get("bootstrap_port")
     if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536):
         return "bootstrap_port", "must be a port number"
+    if not isinstance(body.get("switching", False), bool):
+        return "switching", "must be true or false"
+    count = body.get("switches")
+    if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 0):
+        return "switches", "must be a count >= 0"
     return None
 
 

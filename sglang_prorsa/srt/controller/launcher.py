@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sglang_prorsa.config import ConfigError, InstanceSpec, Mode, ProrsaConfig
+from sglang_prorsa.config import ConfigError, InstanceSpec, Mode, ProrsaConfig, advertise_host
 from sglang_prorsa.srt.common.auth import AuthKeys
 from sglang_prorsa.srt.common.registry import Instance, Registry, State
 from sglang_prorsa.srt.controller import placement
@@ -148,12 +148,14 @@ def run_front(config: ProrsaConfig, sglang_argv: list[str], host: str, port: int
         if config.prorsa_kv_store == "mooncake" and not config.prorsa_mooncake_master:
             from sglang_prorsa.srt.disaggregation.mooncake_master import start_mooncake_master
 
-            master = start_mooncake_master(log_dir=log_dir)
+            # Where the instances that register from other machines reach it: this front's own address.
+            master = start_mooncake_master(log_dir=log_dir, bind=host or "0.0.0.0",
+                                           advertise=advertise_host(host, config.prorsa_advertise_url))
             config = replace(config, prorsa_mooncake_master=master.address)
             logger.info("Mooncake Store master on %s", master.address)
         registry = Registry()
         # The instances report their requests' lifecycle to this front (its controller), not to one of their own.
-        reachable = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+        reachable = advertise_host(host, config.prorsa_advertise_url)
         specs = instance_specs(config, sglang_argv, log_dir, f"http://{reachable}:{port}", placements)
         for spec in specs:
             started[spec.instance_id] = start_instance(spec, log_dir)

@@ -148,8 +148,7 @@ class Orchestrator:
             return
         for inst in self.registry:
             if inst.state is State.ACTIVE and inst.role in ("prefill", "decode"):
-                await self.router.remove(inst.url)  # it may be listed under the other role from an earlier run
-                await self.router.add_eventually(inst.url, inst.role, inst.bootstrap_port)
+                await self.router.place(inst.url, inst.role, inst.bootstrap_port)  # maybe listed from an earlier run
 
     def forget(self, instance_id: str) -> None:
         """``instance_id`` left the registry: a later instance under that id is sent the peer list afresh."""

@@ -73,6 +73,18 @@ class RouterPools:
             self.pending[url] = asyncio.get_running_loop().create_task(self._retry_add(url, role, bootstrap_port))
             return False
 
+    async def place(self, url: str, role: str, bootstrap_port: int | None) -> bool:
+        """``url`` in the ``role`` pool and no other, whatever the router lists now: left alone where it is right
+        already; out of the other pool first (a controller that died between a switch and its pool change left it
+        there; ``PUT`` cannot change a type). True: listed there now (``add_eventually``)."""
+        worker = await self._find(url)
+        if worker is not None and _type_of(worker) == role:
+            self._supersede(url)
+            return True
+        if worker is not None:
+            await self.remove(url)
+        return await self.add_eventually(url, role, bootstrap_port)
+
     async def _retry_add(self, url: str, role: str, bootstrap_port: int | None) -> None:
         deadline = time.monotonic() + RETRY_FOR_S
         while time.monotonic() < deadline:

@@ -90,12 +90,16 @@ def describe(inst: Instance) -> dict[str, Any]:
 
 
 async def join(front: Any, instance_id: str, url: str, role: str, bootstrap_host: str,
-               bootstrap_port: int | None, events_to: str | None = None, gpus: Any = None) -> tuple[Instance, bool]:
+               bootstrap_port: int | None, events_to: str | None = None, gpus: Any = None,
+               switching: bool = False, switches: int | None = None) -> tuple[Instance, bool]:
     """An instance joins (or announces itself again): into the registry, every instance's peer list and, for a PD
     role, the external router's pool. (its entry, whether it is new). ``events_to``: the controller's URL as the
     instance's registrar reached it, for an instance that does not know its controller (registered by a trainer's
     ``POST /workers``): the peer push tells it, and its request events then feed this controller's forecast."""
-    inst, new = front.registry.register(instance_id, url, role, bootstrap_host, bootstrap_port, gpus)
+    prev = front.registry.instances.get(instance_id) or front.registry.by_url(url)
+    was = (prev.role, prev.state) if prev is not None else None
+    inst, new = front.registry.register(instance_id, url, role, bootstrap_host, bootstrap_port, gpus,
+                                        switching=switching, switches=switches)
     if new and events_to:
         inst.controller_url = events_to
     # Every announcement, not only a new one: an instance that did not accept the last list (it restarted under its
@@ -103,9 +107,15 @@ async def join(front: Any, instance_id: str, url: str, role: str, bootstrap_host
     # costs nothing here.
     await front.orchestrator.push_peers()
     if new:
-        logger.info("instance %s registered from %s as %s", inst.instance_id, inst.url, inst.role)
+        logger.info("instance %s registered from %s as %s%s", inst.instance_id, inst.url, inst.role,
+                    " (switching)" if inst.adopted_switch else "")
+    elif was != (inst.role, inst.state):
+        logger.info("instance %s reports role %s (%s): adopted", inst.instance_id, inst.role, inst.state.value)
+    if (new or was != (inst.role, inst.state)) and inst.state is State.ACTIVE:
         if front.orchestrator.router is not None and inst.role in ("prefill", "decode"):
-            await front.orchestrator.router.add_eventually(inst.url, inst.role, inst.bootstrap_port)
+            # In its role's pool and no other: a controller restarted after it died mid-switch finds the instance
+            # out of every pool, or still in its old role's (the instance finished the switch on its own).
+            await front.orchestrator.router.place(inst.url, inst.role, inst.bootstrap_port)
     return inst, new
 
 

@@ -4,6 +4,10 @@ A block holds ``block_tokens`` consecutive tokens (a whole number of pool pages)
 records; its key is the hash chain over the token prefix up to the block's end plus the model and KV-layout identity
 (``kv_store.block_keys``), so a resumed request finds its blocks by tokens alone and another model's blocks can never
 match. The last block may be partial.
+
+With tensor parallelism each rank holds its shard of the KV heads and persists it under its own keys (the layout plus
+its rank, ``keys_for``); the rank that loads recomputes its keys from the tokens, so a resume loads rank ``r``'s
+shard into rank ``r`` and only between instances of the same parallel layout (``layout_of``).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any, Sequence
 import torch
 
 from sglang_prorsa.srt.common.paths import cache_root
-from sglang_prorsa.srt.disaggregation.kv_store import FileKVStore, KVStore, block_keys, layout_id
+from sglang_prorsa.srt.disaggregation.kv_store import FileKVStore, KVStore, block_keys, layout_id, rank_layout
 
 # A block aims at a few MiB: per-entry costs (a file, a store round trip) dominate small blocks (measured: the file
 # store writes 64-256 KiB blocks at ~0.2 GB/s and 1-8 MiB blocks at 0.5-1 GB/s), while one block is also the unit
@@ -47,6 +51,7 @@ class KVStoreConfig:
     kind: str = "file"  # file | mooncake
     path: str = ""  # file store root ("" = default_file_store())
     mooncake_master: str = ""  # HOST:PORT
+    local_hostname: str = "127.0.0.1"  # the address this instance's Mooncake client advertises (its advertise host)
     capacity_bytes: int = 8 << 30
     block_tokens: int = 0  # 0: about TARGET_BLOCK_BYTES worth
 
@@ -56,7 +61,7 @@ class KVStoreConfig:
         if self.kind == "mooncake":
             if not self.mooncake_master:
                 raise ValueError("the mooncake KV store needs a master address (--prorsa-mooncake-master)")
-            return open_store("mooncake", master_address=self.mooncake_master)
+            return open_store("mooncake", master_address=self.mooncake_master, local_hostname=self.local_hostname)
         raise ValueError(f"KV store kind {self.kind!r}: expected 'file' or 'mooncake'")
 
 
@@ -71,20 +76,29 @@ def block_tokens_for(page_size: int, bytes_per_token: int, configured: int = 0) 
     return max(page_size, (want // page_size) * page_size)
 
 
-def layout_of(scheduler: Any, codec: Any) -> str:
-    """Model + KV layout identity: blocks written by another model, dtype or head shape never match."""
+def layout_of(scheduler: Any, codec: Any, tp_size: int = 1) -> str:
+    """The instance's parallel KV layout: model, dtype, layers, the heads one rank holds, head size, kind, page size
+    and tensor-parallel size. Blocks written under another layout never match, and a resume between two instances
+    whose layouts differ is refused (their ranks' shards have other shapes or another byte order)."""
     lay = codec.layout
     first = lay.buffers[0]
     kind = str(getattr(lay.kind, "value", lay.kind))
     per_layer = 2 if kind == "mha" else 1  # MHA: a K and a V buffer per layer; MLA: one latent buffer
     model = str(scheduler.server_args.model_path)
     return layout_id(model=model, dtype=str(first.dtype), layers=len(lay.buffers) // per_layer,
-                     kv_heads=int(first.shape[1]), head_dim=int(first.shape[-1]), kind=kind)
+                     kv_heads=int(first.shape[1]), head_dim=int(first.shape[-1]), kind=kind,
+                     page_size=int(lay.page_size), tp_size=tp_size)
+
+
+def keys_for(tokens: Sequence[int], block_tokens: int, layout: str, tp_rank: int = 0) -> list[str]:
+    """The store keys of one tensor-parallel rank's blocks of ``tokens`` (``kv_store.rank_layout``)."""
+    return block_keys(tokens, block_tokens, rank_layout(layout, tp_rank))
 
 
 def persist_request_kv(codec: Any, store: KVStore, tokens: Sequence[int], slots: torch.Tensor,
-                       layout: str, block_tokens: int = 0) -> tuple[list[str], int, int]:
-    """Export the KV of ``tokens`` (held in pool ``slots``) and put it into ``store`` block by block.
+                       layout: str, block_tokens: int = 0, tp_rank: int = 0) -> tuple[list[str], int, int]:
+    """Export the KV of ``tokens`` (held in pool ``slots``) and put it into ``store`` block by block, under the keys
+    of ``tp_rank`` (this process's shard of the heads).
 
     One export-kernel launch for the whole request; blocks are then views into that buffer.
     Returns (keys, block_tokens, bytes written).
@@ -98,7 +112,7 @@ def persist_request_kv(codec: Any, store: KVStore, tokens: Sequence[int], slots:
     pages = codec.pages_of_slots(slots[:n], page)
     exported = codec.export_pages(pages)
     records = exported.records().cpu()
-    keys = block_keys(list(tokens[:n]), bt, layout)
+    keys = keys_for(list(tokens[:n]), bt, layout, tp_rank)
     per_block = bt // page
     # Rows of one contiguous buffer: each block is a zero-copy view the store writes straight from.
     flat = records.numpy()

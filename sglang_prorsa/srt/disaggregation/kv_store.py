@@ -4,8 +4,9 @@ A switched instance exports each running request's KV pages and puts them here, 
 ``block_tokens`` tokens; the instance that resumes the request gets them back instead of recomputing the prefix.
 
 Keys are a hash chain over the token prefix, block by block, like a path in SGLang's radix tree: block ``i``'s key
-depends on every token up to and including block ``i`` and on the KV layout (model, dtype, shape), so a key names
-exactly one KV content and two requests sharing a prefix share the leading keys.
+depends on every token up to and including block ``i`` and on the KV layout (model, dtype, shape, tensor-parallel size
+and the rank holding the shard: ``rank_layout``), so a key names exactly one KV content and two requests sharing a
+prefix share the leading keys.
 
 Every value carries a fixed header (magic, checksum algorithm, payload length, creation time, checksum). A value whose
 header or checksum does not verify is counted (``stats()["checksum_failures"]``), deleted and reported as a miss, so
@@ -50,16 +51,31 @@ _KEY_DIGEST_BYTES = 16  # 128-bit blake2b: collisions are negligible for any rea
 _KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}")  # safe as a file name and as a Mooncake key
 
 
-def layout_id(model: str, dtype: str, layers: int, kv_heads: int, head_dim: int, kind: str = "mha") -> str:
-    """A stable, human-readable identity of a KV layout; KV bytes are only reusable under an identical layout.
+def layout_id(model: str, dtype: str, layers: int, kv_heads: int, head_dim: int, kind: str = "mha", *,
+              page_size: int = 1, tp_size: int = 1) -> str:
+    """A stable, human-readable identity of an instance's *parallel* KV layout; KV bytes are only reusable under an
+    identical one. ``kv_heads`` are the heads one tensor-parallel rank holds, and ``tp_size`` says how many ranks
+    share the heads: two instances with equal layouts split the heads the same way, so rank ``r`` of one holds
+    exactly the bytes rank ``r`` of the other needs (the source and destination of a resume must agree on this).
+    ``page_size`` is in it because a stored record holds a whole page, buffer after buffer: the page size decides
+    the byte order within a block.
 
     ``dtype`` may be given as ``torch.bfloat16`` or ``bfloat16``; both give the same identity.
     """
-    for name, value in (("layers", layers), ("kv_heads", kv_heads), ("head_dim", head_dim)):
+    for name, value in (("layers", layers), ("kv_heads", kv_heads), ("head_dim", head_dim), ("page_size", page_size),
+                        ("tp_size", tp_size)):
         if int(value) <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
     dtype = str(dtype).removeprefix("torch.")
-    return f"{model}|{dtype}|L{int(layers)}|H{int(kv_heads)}|D{int(head_dim)}|{kind}"
+    return f"{model}|{dtype}|L{int(layers)}|H{int(kv_heads)}|D{int(head_dim)}|{kind}|P{int(page_size)}|TP{int(tp_size)}"
+
+
+def rank_layout(layout: str, tp_rank: int) -> str:
+    """The key layout of one tensor-parallel rank: the parallel layout plus the rank. Each rank holds its own shard
+    of the heads, so each derives its own block keys from this and never writes (or reads) another rank's bytes."""
+    if int(tp_rank) < 0:
+        raise ValueError(f"tp_rank must be non-negative, got {tp_rank}")
+    return f"{layout}|R{int(tp_rank)}"
 
 
 def block_keys(token_ids: Sequence[int], block_tokens: int, layout: str) -> list[str]:

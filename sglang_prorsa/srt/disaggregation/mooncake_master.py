@@ -1,8 +1,9 @@
-"""Start and stop a local ``mooncake_master`` (the Mooncake Store's metadata/allocation service) on 127.0.0.1.
+"""Start and stop a local ``mooncake_master`` (the Mooncake Store's metadata/allocation service).
 
 The master only keeps metadata; the bytes live in the segments the store clients mount (``global_segment_size``).
-Everything it opens is bound to loopback: the RPC service (``--rpc_address``), the HTTP metrics/admin server
-(``--metrics_host``); its embedded HTTP metadata server stays off (clients use P2P handshake metadata).
+Its RPC service (``--rpc_address``) binds the address its clients reach it at: loopback by default, a front's own
+address when instances on other machines use it. Its HTTP metrics/admin server (``--metrics_host``) stays on
+loopback; its embedded HTTP metadata server stays off (clients use P2P handshake metadata).
 
 It runs in its own process group and is ended by PID: SIGTERM, then SIGKILL of the group. An ``atexit`` hook stops
 masters still running when the interpreter exits, so an interrupted test run leaves none behind.
@@ -58,6 +59,7 @@ class MasterProcess:
     port: int
     metrics_port: int
     log_path: Path
+    host: str = LOOPBACK  # the address clients reach it at (it binds that one, or every address for a wildcard)
 
     @property
     def pid(self) -> int:
@@ -65,7 +67,7 @@ class MasterProcess:
 
     @property
     def address(self) -> str:
-        return f"{LOOPBACK}:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -83,7 +85,7 @@ class MasterProcess:
             if not self.alive():
                 raise RuntimeError(f"mooncake_master exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                with socket.create_connection((LOOPBACK, self.port), timeout=0.5):
+                with socket.create_connection((self.host, self.port), timeout=0.5):
                     return
             except OSError:
                 time.sleep(0.1)
@@ -113,10 +115,12 @@ class MasterProcess:
             self.proc.wait(timeout=5.0)
 
 
-def master_argv(binary: Path, port: int, metrics_port: int, extra_args: Sequence[str] = ()) -> list[str]:
+def master_argv(binary: Path, port: int, metrics_port: int, extra_args: Sequence[str] = (),
+                bind: str = LOOPBACK) -> list[str]:
+    """The master's command line: its RPC port on ``bind`` (every address for 0.0.0.0), the rest on loopback."""
     return [
         str(binary),
-        f"--rpc_address={LOOPBACK}",
+        f"--rpc_address={bind}",
         f"--rpc_port={port}",
         f"--metrics_host={LOOPBACK}",
         f"--metrics_port={metrics_port}",
@@ -135,8 +139,12 @@ def start_mooncake_master(
     metrics_port: int | None = None,
     extra_args: Sequence[str] = (),
     ready_timeout_s: float = 20.0,
+    bind: str = LOOPBACK,
+    advertise: str = LOOPBACK,
 ) -> MasterProcess:
-    """Start a master on ``127.0.0.1:port`` (a free port when None) and wait until it accepts connections.
+    """Start a master on ``bind:port`` (a free port when None) and wait until it accepts connections at
+    ``advertise:port``, the address its clients on other machines are given (a front's: from ``--host`` /
+    ``--prorsa-advertise-url``, ``config.advertise_host``).
 
     ``extra_args`` pass through, e.g. ``["--default_kv_lease_ttl=1000", "--eviction_high_watermark_ratio=0.8"]``.
     """
@@ -150,12 +158,12 @@ def start_mooncake_master(
         m_port = metrics_port if metrics_port is not None else free_port()
         log_path = log_dir / f"mooncake_master-{rpc_port}.log"
         env = dict(os.environ)
-        env.setdefault("MC_TCP_BIND_ADDRESS", LOOPBACK)
+        env["MC_TCP_BIND_ADDRESS"] = advertise
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(master_argv(binary, rpc_port, m_port, extra_args), stdout=log,
+            proc = subprocess.Popen(master_argv(binary, rpc_port, m_port, extra_args, bind), stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                     start_new_session=True, cwd=log_dir)
-        master = MasterProcess(proc=proc, port=rpc_port, metrics_port=m_port, log_path=log_path)
+        master = MasterProcess(proc=proc, port=rpc_port, metrics_port=m_port, log_path=log_path, host=advertise)
         _LIVE[proc.pid] = master
         try:
             master.wait_ready(ready_timeout_s)

@@ -5,7 +5,9 @@ router, an OpenAI-style route, or an in-process ``generate_request`` -- sees one
 
 1. pick a pair from this instance's peer view;
 2. load the persisted prefix into the prefill instance's prefix cache (``/prorsa/kv/load``, held until the request
-   arrives there), so at most one page is computed again;
+   arrives there), so at most one page is computed again. A prefill instance of another parallel KV layout (TP size,
+   dtype, heads) refuses the load (``"layout_refused"`` in the move) and the prefix is recomputed there; one with
+   data parallelism loads it on one DP rank, and the prefill half is routed to that rank (``routed_dp_rank``);
 3. send both halves with ``input_ids`` = prompt + tokens so far and the remaining budget, the decode half streaming;
 4. stitch each output onto what the caller has (``stitch.py``) and pass it on.
 
@@ -29,7 +31,15 @@ import aiohttp
 import orjson
 
 from sglang_prorsa.srt.common.http_utils import died_serving
-from sglang_prorsa.srt.common.messages import LOST_HEADER, MAX_DEATHS, RESUME_HEADER, ROLE_HEADER, Code, MigratedRequest
+from sglang_prorsa.srt.common.messages import (
+    LAYOUT_REFUSED,
+    LOST_HEADER,
+    MAX_DEATHS,
+    RESUME_HEADER,
+    ROLE_HEADER,
+    Code,
+    MigratedRequest,
+)
 from sglang_prorsa.srt.engine import aborts, routed_experts
 from sglang_prorsa.srt.engine.peer_client import PeerClient, ResumeFailed
 from sglang_prorsa.srt.engine.peers import NoPair, Peer, PeerView
@@ -185,18 +195,21 @@ class Continuation:
                     if self.failed_loads <= LOAD_RETRIES:
                         raise ResumeFailed(f"prefix load on {prefill.instance_id} failed ({move['load_status']}): "
                                            "trying another pair rather than recomputing it")
+                if move.get("refused") == LAYOUT_REFUSED:  # another TP size, dtype or head shape: recomputed there
+                    move["layout_refused"] = True
+                    self.counters["prefix_loads_layout_refused"] += 1
             body = {k: getattr(self.obj, k) for k in CARRIED_FIELDS if getattr(self.obj, k) is not None}  # GenerateReqInput's
             body.update(input_ids=ids, sampling_params=sampling, stream=True, rid=rid,
                         bootstrap_host=prefill.bootstrap_host, bootstrap_port=prefill.bootstrap_port,
                         bootstrap_room=random.getrandbits(63))
             if body.get("return_logprob"):
                 body["logprob_start_len"] = -1  # input logprobs were the first attempt's; only new tokens here
-            raw = orjson.dumps(body)
-            prefill_task = asyncio.ensure_future(client.post_raw(prefill.url + "/generate", raw,
+            prefill_raw, decode_raw = halves(body, move.get("dp_rank"))
+            prefill_task = asyncio.ensure_future(client.post_raw(prefill.url + "/generate", prefill_raw,
                                                                  self._headers("prefill")))
             finished = False
             try:
-                async for chunk in client.stream(decode.url + "/generate", raw, self._headers("decode")):
+                async for chunk in client.stream(decode.url + "/generate", decode_raw, self._headers("decode")):
                     if "error" in chunk:
                         raise ResumeFailed(f"decode {decode.instance_id}: {chunk['error']}")
                     meta = chunk.get("meta_info") or {}
@@ -240,6 +253,18 @@ class Continuation:
     def _headers(self, role: str) -> dict[str, str]:
         return {**self.headers, ROLE_HEADER: role, RESUME_HEADER: "1", LOST_HEADER: str(self.deaths),
                 "Content-Type": "application/json"}
+
+
+def halves(body: dict[str, Any], dp_rank: int | None) -> tuple[bytes, bytes]:
+    """The prefill and decode halves' bodies. A prefix loaded on one DP rank of the prefill instance pins the prefill
+    half there (SGLang's ``routed_dp_rank``, which its DP controller obeys), and both halves name that rank as the
+    prefill's (``disagg_prefill_dp_rank``: the decode half bootstraps with it, and the prefill half then does not
+    expect the rank its bootstrap room would imply)."""
+    if dp_rank is None:
+        raw = orjson.dumps(body)
+        return raw, raw
+    decode = {**body, "disagg_prefill_dp_rank": dp_rank}
+    return orjson.dumps({**decode, "routed_dp_rank": dp_rank}), orjson.dumps(decode)
 
 
 async def _settle(task: asyncio.Future) -> None:

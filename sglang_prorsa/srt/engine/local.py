@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from sglang_prorsa.srt.common.channel import EngineChannel
 from sglang_prorsa.srt.common.messages import (
@@ -19,6 +19,7 @@ from sglang_prorsa.srt.common.messages import (
     Inventory,
     InventoryResult,
     LoadPrefix,
+    LoadPrefixResult,
     MigratedRequest,
     MigrateOut,
     MigrateOutResult,
@@ -28,6 +29,7 @@ from sglang_prorsa.srt.common.messages import (
     Stage,
     Status,
 )
+from sglang_prorsa.srt.engine import dp
 from sglang_prorsa.srt.engine.book import RecordBook
 from sglang_prorsa.srt.engine.peers import Peer
 
@@ -36,35 +38,53 @@ CHANNEL_TIMEOUT_S = 120.0  # the channel's own default (``EngineChannel.call``)
 
 
 class LocalScheduler:
-    """This instance's scheduler, over the channel; records for what it takes off go into ``book``."""
+    """This instance's scheduler, over the channel; records for what it takes off go into ``book``.
 
-    def __init__(self, channel: EngineChannel, book: RecordBook, counters: collections.Counter[str],
-                 role: Callable[[], str]) -> None:
-        self.channel = channel
+    ``channel`` is one channel, or one per data-parallel rank (``srt/engine/dp.py``): then every message goes to each
+    rank and the answers are merged, except a prefix load, which one rank takes (round robin)."""
+
+    def __init__(self, channel: EngineChannel | Sequence[EngineChannel], book: RecordBook,
+                 counters: collections.Counter[str], role: Callable[[], str]) -> None:
+        self.channels = list(channel) if isinstance(channel, (list, tuple)) else [channel]
+        self.channel = self.channels[0]
         self.book = book
         self.counters = counters
         self.role = role
+        self.statuses = dp.StatusMerger(len(self.channels))
+        self._next_load = 0  # the DP rank the next prefix load goes to
+
+    @property
+    def dp_size(self) -> int:
+        return len(self.channels)
+
+    async def _call(self, message: Any, timeout_s: float, merge: Callable[[list[Any]], Any]) -> Any:
+        if self.dp_size == 1:
+            return await self.channel.call(message, timeout_s=timeout_s)
+        return merge(await dp.call_all(self.channels, message, timeout_s))
 
     async def inventory(self, timeout_s: float = CHANNEL_TIMEOUT_S) -> InventoryResult:
-        return await self.channel.call(Inventory(), timeout_s=timeout_s)
+        return await self._call(Inventory(), timeout_s, dp.merge_inventory)
 
     async def status(self, since: int = -1):
-        return await self.channel.call(Status(since=since), timeout_s=CHANNEL_TIMEOUT_S)
+        if self.dp_size == 1:
+            return await self.channel.call(Status(since=since), timeout_s=CHANNEL_TIMEOUT_S)
+        asks = [Status(since=self.statuses.since(rank)) for rank in range(self.dp_size)]
+        return self.statuses.merge(await dp.call_each(self.channels, asks, CHANNEL_TIMEOUT_S), since)
 
     async def migrate_out(self, queued_rids: frozenset[str], reason: str) -> MigrateOutResult:
-        return await self.channel.call(MigrateOut(queued_rids=queued_rids, reason=reason),
-                                       timeout_s=CHANNEL_TIMEOUT_S)
+        return await self._call(MigrateOut(queued_rids=queued_rids, reason=reason), CHANNEL_TIMEOUT_S,
+                                dp.merge_migrate_out)
 
     async def release(self, rooms: list[int], only_not_started: bool = False) -> tuple[list[str], list[int]]:
         """Our halves of these PD rooms taken off (their other half moved); returns (rids, rooms) taken."""
-        res = await self.channel.call(ReleaseRooms(rooms=frozenset(rooms), only_not_started=only_not_started),
-                                      timeout_s=CONTROL_TIMEOUT_S)
+        res = await self._call(ReleaseRooms(rooms=frozenset(rooms), only_not_started=only_not_started),
+                               CONTROL_TIMEOUT_S, dp.merge_release)
         self.counters["rooms_released"] += len(res.rooms)
         return res.rids, res.rooms
 
     async def expect(self, rooms: list[int]) -> list[str]:
         """Book records for our queued halves of these rooms (their other half is about to move)."""
-        inv = await self.channel.call(Inventory(), timeout_s=CONTROL_TIMEOUT_S)
+        inv = await self._call(Inventory(), CONTROL_TIMEOUT_S, dp.merge_inventory)
         wanted = set(rooms)
         items = [q for q in inv.queued if q.bootstrap_room in wanted]
         self.book_queued(items, inv.role)
@@ -82,17 +102,26 @@ class LocalScheduler:
         addresses = frozenset((p.bootstrap_host, p.bootstrap_port) for p in peers if p.bootstrap_port)
         if not addresses or self.role() != "decode":
             return 0
-        return await self.channel.call(ForgetPrefill(addresses=addresses), timeout_s=CONTROL_TIMEOUT_S)
+        return await self._call(ForgetPrefill(addresses=addresses), CONTROL_TIMEOUT_S, sum)
 
-    async def load_prefix(self, token_ids: list[int], keys: list[str], block_tokens: int, hold_for_rid: str):
-        """A persisted prefix into this scheduler's prefix cache, held for ``hold_for_rid`` (``/prorsa/kv/load``)."""
-        return await self.channel.call(LoadPrefix(token_ids=token_ids, keys=keys, block_tokens=block_tokens,
-                                                  hold_for_rid=hold_for_rid), timeout_s=CHANNEL_TIMEOUT_S)
+    async def load_prefix(self, token_ids: list[int], keys: list[str], block_tokens: int, hold_for_rid: str,
+                          layout: str = "") -> LoadPrefixResult:
+        """A persisted prefix into this scheduler's prefix cache, held for ``hold_for_rid`` (``/prorsa/kv/load``).
+        With data parallelism one DP rank loads it and the result names that rank: the resumed request must be routed
+        there (SGLang's ``routed_dp_rank``), where its prefix and hold are."""
+        msg = LoadPrefix(token_ids=token_ids, keys=keys, block_tokens=block_tokens, hold_for_rid=hold_for_rid,
+                         layout=layout)
+        if self.dp_size == 1:
+            return await self.channel.call(msg, timeout_s=CHANNEL_TIMEOUT_S)
+        rank, self._next_load = self._next_load, (self._next_load + 1) % self.dp_size
+        result = await self.channels[rank].call(msg, timeout_s=CHANNEL_TIMEOUT_S)
+        result.dp_rank, result.dp_size = rank, self.dp_size
+        return result
 
     async def peer_lost(self, host: str | None, port: int | None, dead: bool = True):
         """A prefill peer died (``dead``) or stopped answering: our halves waiting for its KV are taken off
         (continued elsewhere)."""
-        return await self.channel.call(PeerLost(host=host, port=port, dead=dead), timeout_s=CHANNEL_TIMEOUT_S)
+        return await self._call(PeerLost(host=host, port=port, dead=dead), CHANNEL_TIMEOUT_S, dp.merge_release)
 
 
 _PROMPT_IDS = "_prorsa_prompt_ids"  # on SGLang's request object: its text prompt as SGLang tokenized it

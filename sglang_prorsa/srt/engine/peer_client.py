@@ -102,9 +102,11 @@ class PeerClient:
                 logger.info("abort of %s failed: %s", rid, r)
 
     async def load_prefix(self, prefill: Peer, tokens: list[int], record: MigratedRequest, rid: str) -> dict:
-        """The persisted prefix into ``prefill``'s prefix cache, held there for ``rid``; ``load_status`` says how."""
+        """The persisted prefix into ``prefill``'s prefix cache, held there for ``rid``; ``load_status`` says how (a
+        load refused for another KV layout answers 200 with ``refused``; one on a DP rank names it in ``dp_rank``)."""
         status, answer = await self.post_json(prefill.url + "/prorsa/kv/load", {
-            "token_ids": tokens, "keys": record.keys, "block_tokens": record.block_tokens, "hold_for_rid": rid})
+            "token_ids": tokens, "keys": record.keys, "block_tokens": record.block_tokens, "hold_for_rid": rid,
+            "layout": record.layout})
         if status != 200:
             logger.warning("prefix load on %s failed (%s): %s; it will be recomputed", prefill.instance_id, status,
                            answer)

@@ -11,7 +11,9 @@
     POST /prorsa/held_rooms {"rooms": [int]}             which of these PD rooms this instance still holds ("held"),
                                                          and which of those wait on a handshake that is not coming
                                                          ("stuck"; prefill only, see watchdog.py)
-    POST /prorsa/kv/load {"token_ids", "keys", "block_tokens", "hold_for_rid"?}   load a persisted prefix
+    POST /prorsa/kv/load {"token_ids", "keys", "block_tokens", "hold_for_rid"?, "layout"?}   load a persisted prefix
+                                                         ("layout": the source's parallel KV layout; another than
+                                                         ours is refused, "refused" in the answer)
     POST /prorsa/peers {"instances": [...], "version"?, "controller"?}  the controller's registry, for continuing
                                                      requests (and, for an instance registered by POST /workers on
                                                      the front, where its request events go)
@@ -45,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 ROLES = ("prefill", "decode")
 STUCK_CHECK_TIMEOUT_S = 3.0
+MAX_LAYOUT_CHARS = 4096  # a model path and a few fields
 
 
 def _store_key(k: Any) -> bool:
@@ -190,11 +193,15 @@ def make_engine_router(side: EngineSide, cpu: bool) -> APIRouter:
             return field_error("keys", "must be a list of KV store keys (1-200 chars of [A-Za-z0-9._:-])")
         if not isinstance(bt, int) or isinstance(bt, bool) or bt <= 0:
             return field_error("block_tokens", "must be a positive integer")
-        if len(keys) < -(-len(ids) // bt):
+        layout = body.get("layout", "")
+        if not isinstance(layout, str) or len(layout) > MAX_LAYOUT_CHARS:
+            return field_error("layout", f"must be a KV layout identity (a string of at most {MAX_LAYOUT_CHARS} "
+                                         "chars; \"\" for none)")
+        if not layout and len(keys) < -(-len(ids) // bt):  # with a layout each rank derives its own keys
             return field_error("keys", f"{len(keys)} keys cannot cover {len(ids)} tokens in blocks of {bt}")
         if not isinstance(hold, str):
             return field_error("hold_for_rid", "must be a string (the rid of the request that will use it)")
-        r = await side.scheduler.load_prefix(ids, keys, bt, hold)
+        r = await side.scheduler.load_prefix(ids, keys, bt, hold, layout)
         return JSONResponse(vars(r))
 
     @router.post("/prorsa/peers")

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator
 
 from sglang_prorsa.config import InstanceSpec
 from sglang_prorsa.srt.common.auth import AuthKeys
-from sglang_prorsa.srt.common.channel import EngineChannel
+from sglang_prorsa.srt.common.channel import EngineChannels
 from sglang_prorsa.srt.common.messages import RESUME_HEADER, Code, MigratedRequest, QueuedItem, Stage
 from sglang_prorsa.srt.engine.aborts import AbortRecords
 from sglang_prorsa.srt.engine.book import RecordBook
@@ -37,7 +37,7 @@ from sglang_prorsa.srt.engine.watchdog import OrphanWatch
 
 
 class EngineSide:
-    def __init__(self, spec: InstanceSpec, channel: EngineChannel, tokenizer_manager: Any,
+    def __init__(self, spec: InstanceSpec, channel: EngineChannels, tokenizer_manager: Any,
                  keys: AuthKeys = AuthKeys()) -> None:
         self.spec = spec
         self.keys = keys
@@ -57,7 +57,7 @@ class EngineSide:
         self.peers = PeerView(spec.instance_id)
         self.client = PeerClient(keys)
         self.pairs = PairHalves(self.peers, self.client)
-        self.scheduler = LocalScheduler(channel, self.book, self.counters, self.tm_view.role)
+        self.scheduler = LocalScheduler(channel.ranks, self.book, self.counters, self.tm_view.role)
         self.admission = Admission()
         self.events = EngineEvents(spec.controller_url, self.client)
         self.aborts = AbortRecords(self.book, self.counters, self.tm_view, self.pairs, lambda: self.user_aborts)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -29,9 +30,11 @@ logger = logging.getLogger("sglang_prorsa.instance")
 REGISTER_EVERY_S = 5.0  # heartbeat: a controller that restarted learns of us again
 
 
-def kv_store_config(config: ProrsaConfig) -> KVStoreConfig:
+def kv_store_config(spec: InstanceSpec) -> KVStoreConfig:
+    """Where this instance's switched requests' KV goes; its Mooncake client advertises the instance's own address."""
+    config = spec.prorsa
     return KVStoreConfig(kind=config.prorsa_kv_store, path=config.prorsa_kv_store_path,
-                         mooncake_master=config.prorsa_mooncake_master)
+                         mooncake_master=config.prorsa_mooncake_master, local_hostname=spec.advertise_host)
 
 
 def server_args_for(spec: InstanceSpec, base=None):
@@ -107,15 +110,19 @@ class Installed:
         from sglang_prorsa.srt.common.gpus import instance_gpus
 
         gpus = instance_gpus(self.server_args) if str(self.server_args.device) != "cpu" else 1
-        threading.Thread(target=_register_forever, args=(self.spec, lambda: self.side.role, self.keys, gpus,
-                                                         wait_until_serving),
+        side = self.side
+
+        def current() -> tuple[str, bool, int]:
+            return side.role, side.switch is not None, side.switches
+
+        threading.Thread(target=_register_forever, args=(self.spec, current, self.keys, gpus, wait_until_serving),
                          name="prorsa-register", daemon=True).start()
 
 
 def install(spec: InstanceSpec, server_args, app) -> Installed:
     """The extension for ``spec`` installed on SGLang's ``app`` (see the module docstring). Once per process: the
     tokenizer manager's hooks reach the one engine side through ``hooks.ENGINE``."""
-    from sglang_prorsa.srt.common.channel import ChannelAddresses, EngineChannel
+    from sglang_prorsa.srt.common.channel import ChannelAddresses, EngineChannels
     from sglang_prorsa.srt.engine import hooks
     from sglang_prorsa.srt.engine.middleware import EngineMiddleware
     from sglang_prorsa.srt.engine.routes import make_engine_router
@@ -133,10 +140,13 @@ def install(spec: InstanceSpec, server_args, app) -> Installed:
     cpu = str(server_args.device) == "cpu"
     addresses = ChannelAddresses.fresh()
     runtime = SchedulerRuntime(instance_id=spec.instance_id, channel=addresses,
-                               kv_store=kv_store_config(spec.prorsa), cpu_threads=spec.cpu_threads if cpu else 0,
+                               kv_store=kv_store_config(spec), cpu_threads=spec.cpu_threads if cpu else 0,
                                crash_on_tokens=spec.prorsa.crash_marker)
     keys = AuthKeys.of(server_args)
-    side = EngineSide(spec, EngineChannel(addresses), tokenizer_manager=None, keys=keys)
+    # With data parallelism each DP rank's scheduler group binds its own channel (its DP rank and size reach the
+    # scheduler process through SGLang's spawn arguments: scheduler_process.py); the engine side talks to all.
+    channels = EngineChannels.connect(addresses, int(server_args.dp_size or 1))
+    side = EngineSide(spec, channels, tokenizer_manager=None, keys=keys)
     hooks.ENGINE = side
     mount(app, make_engine_router(side, cpu=cpu))
 
@@ -144,7 +154,7 @@ def install(spec: InstanceSpec, server_args, app) -> Installed:
     def prorsa_info() -> dict:
         return {"sglang_prorsa": __version__, "sglang": SGLANG_VERSION, "instance": spec.instance_id,
                 "controller": spec.controller_url or None, "events_to": side.events.url or None,
-                "overrides": REGISTRY.describe()}
+                "advertised": advertised(spec, runtime.kv_store), "overrides": REGISTRY.describe()}
 
     if not spec.controller_url:
         # No controller named (a single server, or a worker that will be registered by POST /workers and then learns
@@ -153,6 +163,16 @@ def install(spec: InstanceSpec, server_args, app) -> Installed:
         side.events.local = lambda events: control_plane.ingest_payload({"events": events})
     app.add_middleware(EngineMiddleware, side=side, cpu=cpu)
     return Installed(spec=spec, server_args=server_args, side=side, runtime=runtime, keys=keys)
+
+
+def advertised(spec: InstanceSpec, store: KVStoreConfig) -> dict:
+    """What this instance tells other hosts about where to reach it: its URL, its PD bootstrap address, its Mooncake
+    Store client's address, and the address SGLang's KV transfer and Mooncake's transfer engine were handed
+    (``launch_server.address_environment``; shown as this process has it, for an operator to check)."""
+    return {"host": spec.advertise_host, "url": spec.url,
+            "bootstrap": f"{spec.advertise_host}:{spec.bootstrap_port}" if spec.bootstrap_port else None,
+            "kv_store_client": store.local_hostname if store.kind == "mooncake" else None,
+            "transfer": {name: os.environ.get(name) for name in ("SGLANG_HOST_IP", "MC_TCP_BIND_ADDRESS")}}
 
 
 def mount_lifecycle(app, config: ProrsaConfig):
@@ -167,11 +187,14 @@ def mount_lifecycle(app, config: ProrsaConfig):
     return control_plane
 
 
-def registration(spec: InstanceSpec, role: str, gpus: int = 1) -> dict:
-    """What an instance registers: its id, URL, role, PD bootstrap address and the GPUs it occupies (Eq. 1's G)."""
+def registration(spec: InstanceSpec, role: str, gpus: int = 1, switching: bool = False, switches: int = 0) -> dict:
+    """What an instance registers: its id, URL, role, PD bootstrap address and the GPUs it occupies (Eq. 1's G), and
+    whether a switch of its own is running and how many it has completed (a restarted controller learns the roles
+    as they are: ``Registry.register``)."""
     host = spec.url.split("://", 1)[1].rsplit(":", 1)[0]
     return {"instance_id": spec.instance_id, "url": spec.url, "role": role,
-            "bootstrap_port": spec.bootstrap_port, "bootstrap_host": host, "gpus": gpus}
+            "bootstrap_port": spec.bootstrap_port, "bootstrap_host": host, "gpus": gpus,
+            "switching": switching, "switches": switches}
 
 
 def _wait_serving(spec: InstanceSpec) -> None:
@@ -186,15 +209,18 @@ def _wait_serving(spec: InstanceSpec) -> None:
         time.sleep(1.0)
 
 
-def _register_forever(spec: InstanceSpec, current_role, keys: AuthKeys, gpus: int = 1,
+def _register_forever(spec: InstanceSpec, current: Callable[[], tuple[str, bool, int]], keys: AuthKeys, gpus: int = 1,
                       wait_until_serving: bool = False) -> None:
+    """Register, then heartbeat every ``REGISTER_EVERY_S`` for good: a controller that restarted (or was down) learns
+    of this instance again within one period. ``current()``: (role, switching, switches completed)."""
     import requests
 
     if wait_until_serving:
         _wait_serving(spec)
     logged = False
     while True:
-        body = json.dumps(registration(spec, current_role(), gpus))
+        role, switching, switches = current()
+        body = json.dumps(registration(spec, role, gpus, switching, switches))
         try:
             r = requests.post(spec.controller_url.rstrip("/") + "/prorsa/register", data=body, timeout=10,
                               headers={"Content-Type": "application/json", **keys.admin_headers()})

@@ -7,6 +7,10 @@ tokens loaded from the store or matched in the prefix cache are not in them (the
 Beyond the paper, two counters account for prompt work a busy switch could waste (issue 14's "none duplicated"):
 ``prompt_tokens_discarded`` (prompt tokens computed here for a request then taken off before its KV left), and
 ``resume_prompt_tokens_computed`` (tokens computed for resumed requests: one page each when their KV loaded whole).
+
+``kv_layout_refused`` counts prefix loads refused because the source's parallel KV layout (model, dtype, heads per
+rank, tensor-parallel size...) is not this instance's: those prefixes are recomputed, not loaded as bytes of the
+wrong shape. It is reported from the start (as 0), so a dashboard can tell "none" from "not reported".
 """
 
 from __future__ import annotations
@@ -19,11 +23,14 @@ from sglang_prorsa.srt.common.messages import BusyInterval
 
 MAX_KEPT_INTERVALS = 256  # the most recent completed intervals, numbered; a reader asks for those after its last
 MAX_TRACKED_REQUESTS = 16384  # per-request prompt work, newest kept: bounded whatever the traffic
+ALWAYS_REPORTED = ("kv_layout_refused",)  # in every snapshot, 0 until counted
 
 
 class InstanceCounters:
     def __init__(self) -> None:
         self._c: dict[str, float] = defaultdict(float)
+        for name in ALWAYS_REPORTED:
+            self._c[name] = 0.0
         self._busy_since: float | None = None
         self._new = self._cached = self._requests = 0
         self._seen: set[str] = set()

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_prorsa.srt.common import sglang_internals
-from sglang_prorsa.srt.common.channel import ChannelAddresses, SchedulerChannel
+from sglang_prorsa.srt.common.channel import ChannelAddresses, SchedulerChannel, answer
 from sglang_prorsa.srt.common.messages import (
     Code,
     Decoding,
@@ -43,6 +43,7 @@ from sglang_prorsa.srt.common.messages import (
 from sglang_prorsa.srt.disaggregation.kv_persist import KVStoreConfig
 from sglang_prorsa.srt.scheduler.counters import InstanceCounters
 from sglang_prorsa.srt.scheduler.kv import KVSide
+from sglang_prorsa.srt.scheduler.ranks import Broadcast, Ranks, ranks_of, tp_broadcast
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,10 @@ class SchedulerRuntime:
     # TESTING ONLY (--prorsa-test-crash-on-tokens): a prefill or colocated scheduler that receives a prompt holding
     # this token sequence raises, as a scheduler crashing on a poison request would (issue 29's containment tests).
     crash_on_tokens: tuple[int, ...] = ()
+    # This scheduler's data-parallel rank (None without data parallelism) and the instance's DP size: set in the
+    # scheduler process from SGLang's spawn arguments (instance/scheduler_process.py), not by the instance.
+    dp_rank: int | None = None
+    dp_size: int = 1
 
 
 RUNTIME: SchedulerRuntime | None = None  # set once by our scheduler entry (scheduler/process.py) in this process
@@ -148,20 +153,32 @@ class ProrsaSchedulerMixin:
 
 
 class SchedulerSide:
-    """Per-process state of the extension: the channel, counters, the KV side, released rooms, held prefixes."""
+    """Per-process state of the extension: the channel, counters, the KV side, released rooms, held prefixes.
 
-    def __init__(self, scheduler: Any, runtime: SchedulerRuntime) -> None:
+    With tensor parallelism there is one per TP rank; only rank 0 (of its DP group) has the channel, and every rank
+    handles every control message, in the same order (``ranks.py``)."""
+
+    def __init__(self, scheduler: Any, runtime: SchedulerRuntime, broadcast: Broadcast | None = None) -> None:
         self.s = scheduler
         self.runtime = runtime
         self.counters = InstanceCounters()
         self._checked_role = ""
         self._check_role()
-        self.channel = SchedulerChannel(runtime.channel, self.handle)
-        if self.s.idle_sleeper is not None:  # SGLang sleeps on its own sockets when idle: wake it for ours too
-            import zmq
+        if scheduler.server_args.enable_dp_attention:
+            # Attention DP puts every DP group into one TP group, with a leader per attention group: not handled.
+            raise RuntimeError("prorsa: busy role switches do not support --enable-dp-attention")
+        self.ranks: Ranks = ranks_of(scheduler, runtime.dp_rank, runtime.dp_size)
+        # The TP group's broadcast of rank 0's control messages (SGLang's broadcast_pyobj); none with one TP rank.
+        self.broadcast = (broadcast or tp_broadcast(scheduler)) if self.ranks.tp_size > 1 else None
+        self.channel: SchedulerChannel | None = None
+        if self.ranks.leader:
+            self.channel = SchedulerChannel(runtime.channel.for_dp_rank(self.ranks.dp_rank, self.ranks.dp_size),
+                                            self.handle)
+            if self.s.idle_sleeper is not None:  # SGLang sleeps on its own sockets when idle: wake it for ours too
+                import zmq
 
-            self.s.idle_sleeper.poller.register(self.channel.control, zmq.POLLIN)
-        self.kv = KVSide(scheduler, runtime.kv_store, self.counters)
+                self.s.idle_sleeper.poller.register(self.channel.control, zmq.POLLIN)
+        self.kv = KVSide(scheduler, runtime.kv_store, self.counters, self.ranks)
         self.released: dict[int, float] = {}  # bootstrap room -> expiry (monotonic)
         # Requests taken off here, until SGLang has dropped them from its queues: a queued request stays there until
         # the abort is processed, and the next poll's release of late arrivals would take it again -- with a second
@@ -183,12 +200,31 @@ class SchedulerSide:
 
     def poll(self) -> None:
         self._check_role()
-        self.channel.poll()
+        self._serve_control()
         if self.released or self.lost:
             self._release_late_arrivals()
         self.kv.expire_holds(self._known_rids())
         self.counters.observe_busy(not self.quiet(), self.role())
-        self._report_decoding()
+        if self.channel is not None:
+            self._report_decoding()
+
+    def _serve_control(self) -> None:
+        """Answer the waiting control messages. With several TP ranks (called at the same step on each), rank 0's
+        messages are broadcast first, every rank handles them in order, and rank 0 alone answers."""
+        if self.broadcast is None:
+            if self.channel is not None:
+                self.channel.poll()
+            return
+        waiting = self.channel.receive() if self.channel is not None else []
+        raws = self.broadcast([raw for _, raw in waiting] if self.channel is not None else None)
+        replies = [answer(self.handle, raw) for raw in raws]
+        if self.channel is not None:
+            for (envelope, _), reply in zip(waiting, replies):
+                self.channel.reply(envelope, reply)
+
+    def _push(self, record: MigratedRequest | Decoding) -> None:
+        if self.channel is not None:  # TP rank 0 speaks for the group: one record per request, not one per rank
+            self.channel.push(record)
 
     def _report_decoding(self) -> None:
         """Tell the engine side which requests joined the running (decode) batch since the last poll: their prefill
@@ -200,7 +236,7 @@ class SchedulerSide:
         new = current - self.decoding
         self.decoding = current
         if new:
-            self.channel.push(Decoding(rids=tuple(new), ts=time.time()))
+            self._push(Decoding(rids=tuple(new), ts=time.time()))
 
     def handle(self, msg: Any) -> Any:
         if isinstance(msg, Status):
@@ -416,7 +452,7 @@ class SchedulerSide:
 
     def _take(self, req: Any, record: MigratedRequest, code: Code) -> None:
         """Push the record, then abort the request here with our typed reason."""
-        self.channel.push(record)
+        self._push(record)
         self.taken[req.rid] = None
         while len(self.taken) > MAX_TAKEN_REMEMBERED:
             self.taken.popitem(last=False)

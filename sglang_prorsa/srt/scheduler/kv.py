@@ -1,5 +1,10 @@
 """The KV side of the scheduler extension: persist a request's KV to the store, load a persisted prefix into the
-prefix cache (and hold it there until its request is scheduled), report the pool's occupancy."""
+prefix cache (and hold it there until its request is scheduled), report the pool's occupancy.
+
+Each tensor-parallel rank has one and handles the same messages: it persists its own shard of the heads under its own
+keys and, for a load that names the source's layout, recomputes its own keys from the tokens -- so rank ``r`` loads
+what rank ``r`` of the source persisted. A load from a source of another parallel layout is refused (counted in
+``kv_layout_refused``): its bytes would have another shape here, and the prefix is recomputed instead."""
 
 from __future__ import annotations
 
@@ -11,9 +16,16 @@ from typing import Any
 
 import torch
 
-from sglang_prorsa.srt.common.messages import LoadPrefix, LoadPrefixResult, MigratedRequest
-from sglang_prorsa.srt.disaggregation.kv_persist import KVStoreConfig, layout_of, load_blocks, persist_request_kv
+from sglang_prorsa.srt.common.messages import LAYOUT_REFUSED, LoadPrefix, LoadPrefixResult, MigratedRequest
+from sglang_prorsa.srt.disaggregation.kv_persist import (
+    KVStoreConfig,
+    keys_for,
+    layout_of,
+    load_blocks,
+    persist_request_kv,
+)
 from sglang_prorsa.srt.scheduler.counters import InstanceCounters
+from sglang_prorsa.srt.scheduler.ranks import Ranks
 
 logger = logging.getLogger(__name__)
 
@@ -27,10 +39,12 @@ class _Hold:
 
 
 class KVSide:
-    def __init__(self, scheduler: Any, store_config: KVStoreConfig, counters: InstanceCounters) -> None:
+    def __init__(self, scheduler: Any, store_config: KVStoreConfig, counters: InstanceCounters,
+                 ranks: Ranks = Ranks()) -> None:
         self.s = scheduler
         self.store_config = store_config
         self.counters = counters
+        self.ranks = ranks
         self._store = None
         self._codec = None
         self._codec_pool = None
@@ -58,6 +72,10 @@ class KVSide:
             self._codec_pool = pool
         return self._codec
 
+    def layout(self) -> str:
+        """This instance's parallel KV layout (``kv_persist.layout_of``): what a resume's source must match."""
+        return layout_of(self.s, self.codec(), self.ranks.tp_size)
+
     def occupancy(self) -> tuple[int, int, int]:
         """(KV tokens requests hold, KV capacity, tokens held by the prefix cache).
 
@@ -80,10 +98,11 @@ class KVSide:
         if kv_tokens <= 0 or req.kv.req_pool_idx is None:
             return record, 0, 0
         slots = self.s.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :kv_tokens]
-        codec = self.codec()
-        keys, block_tokens, nbytes = persist_request_kv(codec, self.store, tokens[:kv_tokens], slots,
-                                                        layout_of(self.s, codec), self.store_config.block_tokens)
-        record.kv_tokens, record.keys, record.block_tokens = kv_tokens, keys, block_tokens
+        layout = self.layout()
+        keys, block_tokens, nbytes = persist_request_kv(self.codec(), self.store, tokens[:kv_tokens], slots, layout,
+                                                        self.store_config.block_tokens, self.ranks.tp_rank)
+        record.kv_tokens, record.keys, record.block_tokens, record.layout = kv_tokens, keys, block_tokens, layout
+        self.counters.add("kv_blocks_persisted", len(keys))
         self.counters.add("kv_tokens_persisted", kv_tokens)
         self.counters.add("kv_bytes_persisted", nbytes)
         return record, len(keys), nbytes
@@ -95,6 +114,12 @@ class KVSide:
 
         t0 = time.perf_counter()
         s = self.s
+        if msg.layout and msg.layout != self.layout():
+            # Another parallel layout (TP size, dtype, heads, page size...): its shards do not fit this pool.
+            self.counters.add("kv_layout_refused", 1)
+            logger.warning("prorsa: prefix load refused: the source's KV layout %s is not this instance's %s; "
+                           "it will be recomputed", msg.layout, self.layout())
+            return LoadPrefixResult(0, 0, 0, 0, time.perf_counter() - t0, refused=LAYOUT_REFUSED)
         page = int(s.page_size or 1)
         n = (len(msg.token_ids) // page) * page  # the radix tree holds whole pages only
         tokens = list(msg.token_ids[:n])
@@ -124,7 +149,10 @@ class KVSide:
         s = self.s
         page = int(s.page_size or 1)
         existing = s.tree_cache.path_device_indices(match.last_device_node)[:have].to(torch.int64)
-        loaded = load_blocks(self.store, msg.keys, msg.block_tokens, have, n)
+        # With the source's layout (equal to ours) this rank's own keys, from the tokens: the source's rank r wrote
+        # them for rank r. Without (an older sender), the keys it sent.
+        keys = keys_for(tokens, msg.block_tokens, msg.layout, self.ranks.tp_rank) if msg.layout else msg.keys
+        loaded = load_blocks(self.store, keys, msg.block_tokens, have, n)
         if loaded.missing_blocks or loaded.checksum_failures:
             self.counters.add("kv_store_misses", loaded.missing_blocks)
             self.counters.add("kv_checksum_failures", loaded.checksum_failures)

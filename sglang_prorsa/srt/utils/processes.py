@@ -1,4 +1,5 @@
-"""Start and stop real server processes for tests and benchmarks, bound to 127.0.0.1, ended by PID.
+"""Start and stop real server processes for tests and benchmarks, bound to 127.0.0.1 (or, for the two-host tests,
+in a network namespace of their own, ``netns``), ended by PID.
 
 Every process is started in its own session (process group) and recorded; ``stop`` sends SIGTERM to the group, waits,
 then SIGKILLs the group (SGLang servers do not always exit within seconds of SIGTERM). An ``atexit`` hook stops
@@ -66,10 +67,21 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+ADDRESS_VARIABLES = ("SGLANG_HOST_IP", "MC_TCP_BIND_ADDRESS")  # read by SGLang's PD bootstrap and Mooncake
+
+
 def loopback_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment every server we start gets: nothing is advertised beyond loopback."""
-    env = dict(os.environ)
+    """The environment every server we start on this host gets: nothing is advertised beyond loopback."""
+    env = user_env()
     env.update({"SGLANG_HOST_IP": LOOPBACK, "MC_TCP_BIND_ADDRESS": LOOPBACK, "MOONCAKE_PROTOCOL": "tcp"})
+    env.update(extra or {})
+    return env
+
+
+def user_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a user's shell would give a server: this one without the address variables (what it
+    advertises then comes from its flags alone), unbuffered output, and no ``./`` on the module path."""
+    env = {k: v for k, v in os.environ.items() if k not in ADDRESS_VARIABLES}
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("PYTHONSAFEPATH", "1")  # never let a ./kernels in the working directory shadow PyPI's `kernels`
     env.update(extra or {})
@@ -86,10 +98,12 @@ class ServerProcess:
     started_at: float = field(default_factory=time.monotonic)
     ready_s: float | None = None
     env: dict[str, str] | None = None  # what it was started with beyond ours (a restart starts it with the same)
+    host: str = LOOPBACK  # where this process reaches it
+    netns: str | None = None  # the network namespace it runs in (None: this process's)
 
     @property
     def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int:
@@ -155,23 +169,30 @@ def start(
     log_dir: Path | None = None,
     module: str = "sglang_prorsa.launch_server",
     die_with_parent: bool = False,
+    netns: str | None = None,
+    host: str = LOOPBACK,
 ) -> ServerProcess:
     """Start ``python -m module *module_args`` (the caller puts --host/--port in ``module_args``).
 
     ``die_with_parent``: the kernel sends the child SIGTERM when this process dies, even by SIGKILL (Linux
     PR_SET_PDEATHSIG), so a front that is killed outright leaves no instance behind.
+    ``netns``: run it in that network namespace (``ip netns exec``, which execs it under the same PID), as a user
+    would on another host: with the user's environment (``user_env``), so what it advertises comes from its flags;
+    ``host`` is where this process then reaches it.
     """
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="prorsa-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     argv = [sys.executable, "-m", module, *module_args]
+    prefix = ["ip", "netns", "exec", netns] if netns else []
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=loopback_env(env), start_new_session=True,
+            prefix + argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=user_env(env) if netns else loopback_env(env), start_new_session=True,
             preexec_fn=_die_with_parent if die_with_parent else None,
         )
-    server = ServerProcess(name=name, argv=argv, port=port, proc=proc, log_path=log_path, env=env)
+    server = ServerProcess(name=name, argv=argv, port=port, proc=proc, log_path=log_path, env=env, host=host,
+                           netns=netns)
     _LIVE[proc.pid] = server
     return server
 
