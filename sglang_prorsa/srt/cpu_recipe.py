@@ -138,3 +138,30 @@ def cpu_environment(env: dict[str, str]) -> dict[str, str]:
     if stub not in paths:
         changes["LD_LIBRARY_PATH"] = ":".join([stub, *paths])
     return changes
+
+
+def parallel_environment(tp_size: int, dp_size: int, env: dict[str, str], cores: int | None = None) -> dict[str, str]:
+    """What tensor or data parallelism needs on CPU (SGLang 0.5.23); only the variables that must change, none for
+    one rank. Variables the user set win.
+
+    * ``SGLANG_CPU_OMP_THREADS_BIND``: without it SGLang refuses more ranks than NUMA nodes; each rank gets its own
+      cores (``0|1`` for two ranks on two cores; the PyPI ``sgl_kernel`` only logs the binding).
+    * ``SGLANG_NCCL_SO_PATH`` (TP > 1): on CPU SGLang still sets up pynccl for the TP group, which fails on a CPU
+      device ("Expected a cuda device"); pointed at a library that does not exist, pynccl disables itself and the
+      group all-reduces over gloo (checked: TP 2 output equals TP 1)."""
+    ranks = max(1, tp_size) * max(1, dp_size)
+    changes: dict[str, str] = {}
+    if ranks > 1 and not env.get("SGLANG_CPU_OMP_THREADS_BIND"):
+        changes["SGLANG_CPU_OMP_THREADS_BIND"] = threads_bind(ranks, cores or os.cpu_count() or 1)
+    if tp_size > 1 and not env.get("SGLANG_NCCL_SO_PATH"):
+        changes["SGLANG_NCCL_SO_PATH"] = str(cache_root() / "no-nccl-on-cpu" / "libnccl.so.2")  # never created
+    return changes
+
+
+def threads_bind(ranks: int, cores: int) -> str:
+    """``SGLANG_CPU_OMP_THREADS_BIND`` for ``ranks`` ranks over cores ``0..cores-1``: disjoint ranges while there are
+    enough cores, else rank i on core ``i mod cores``."""
+    if ranks > cores:
+        return "|".join(str(i % cores) for i in range(ranks))
+    per = cores // ranks
+    return "|".join(f"{i * per}-{(i + 1) * per - 1}" if per > 1 else str(i) for i in range(ranks))

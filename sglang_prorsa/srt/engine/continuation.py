@@ -184,6 +184,8 @@ class Continuation:
         move = {"from_instance": self.holder, "rid": rid, "stage": self.record.stage.value,
                 "kv_tokens": self.kv_tokens, "tokens_kept": len(self.stitcher.ids),
                 "to_prefill": prefill.instance_id, "to_decode": decode.instance_id}
+        if self.kv_tokens > 0:  # where its KV is: each rank's keys follow from the tokens, the layout and the rank
+            move.update(layout=self.record.layout, block_tokens=self.record.block_tokens)
         self.stitcher.migrations.append(move)
         self.peers.acquire(prefill, decode)
         try:

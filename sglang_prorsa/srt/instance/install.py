@@ -138,6 +138,13 @@ def install(spec: InstanceSpec, server_args, app) -> Installed:
     # per switch, none per request).
     logging.getLogger("sglang_prorsa").setLevel(logging.INFO)
     cpu = str(server_args.device) == "cpu"
+    if cpu:  # read by the scheduler processes SGLang spawns next (they inherit this environment)
+        from sglang_prorsa.srt import cpu_recipe
+
+        for name, value in cpu_recipe.parallel_environment(int(server_args.tp_size or 1),
+                                                           int(server_args.dp_size or 1), dict(os.environ)).items():
+            logger.info("CPU recipe: %s=%s (tensor/data parallel ranks on CPU)", name, value)
+            os.environ[name] = value
     addresses = ChannelAddresses.fresh()
     runtime = SchedulerRuntime(instance_id=spec.instance_id, channel=addresses,
                                kv_store=kv_store_config(spec), cpu_threads=spec.cpu_threads if cpu else 0,

@@ -48,3 +48,16 @@ def test_libcuda_stub_builds_and_reports_no_device(tmp_path):
     count = ctypes.c_int(7)
     assert lib.cuDeviceGetCount(ctypes.byref(count)) == 100 and count.value == 0
     assert cpu_recipe.build_libcuda_stub(cache=tmp_path) == lib_dir  # cached by source hash
+
+
+def test_tensor_and_data_parallel_ranks_get_their_cpu_settings_and_one_rank_gets_none():
+    from sglang_prorsa.srt.cpu_recipe import parallel_environment, threads_bind
+
+    assert parallel_environment(1, 1, {}, cores=2) == {}
+    tp2 = parallel_environment(2, 1, {}, cores=2)
+    assert tp2["SGLANG_CPU_OMP_THREADS_BIND"] == "0|1"
+    assert tp2["SGLANG_NCCL_SO_PATH"].endswith("no-nccl-on-cpu/libnccl.so.2")
+    assert parallel_environment(1, 2, {}, cores=8) == {"SGLANG_CPU_OMP_THREADS_BIND": "0-3|4-7"}  # no NCCL for DP
+    # What the user set wins.
+    assert parallel_environment(2, 1, {"SGLANG_CPU_OMP_THREADS_BIND": "0|0", "SGLANG_NCCL_SO_PATH": "/x"}) == {}
+    assert threads_bind(4, 2) == "0|1|0|1" and threads_bind(2, 5) == "0-1|2-3" and threads_bind(3, 3) == "0|1|2"
