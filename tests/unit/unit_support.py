@@ -67,3 +67,18 @@ class StandInFront:
                 "prompt_tokens": len(body["input_ids"]), "completion_tokens": n, "finish_reason": {"type": "length"}}})
 
         return [("POST", "/lifecycle", lifecycle), ("POST", "/generate", generate)]
+
+
+def one_chunk_stitcher(rid: str = "r0"):
+    """A stand-in for a continuation's stitcher (``engine/stitch.py``): one token kept, finished by the first chunk."""
+    from types import SimpleNamespace
+
+    stitcher = SimpleNamespace(ids=[1], finished=False, rid=rid, migrations=[], straddle_stop=False,
+                               rebase=lambda: None)
+
+    def update(chunk):
+        stitcher.finished = True
+        return chunk
+
+    stitcher.update = update
+    return stitcher

@@ -12,7 +12,7 @@ import logging
 import time
 from array import array
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -25,7 +25,7 @@ from sglang_prorsa.srt.disaggregation.kv_persist import (
     persist_request_kv,
 )
 from sglang_prorsa.srt.scheduler.counters import InstanceCounters
-from sglang_prorsa.srt.scheduler.ranks import Ranks
+from sglang_prorsa.srt.scheduler.ranks import Ranks, tp_min
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +40,13 @@ class _Hold:
 
 class KVSide:
     def __init__(self, scheduler: Any, store_config: KVStoreConfig, counters: InstanceCounters,
-                 ranks: Ranks = Ranks()) -> None:
+                 ranks: Ranks = Ranks(), agree: Callable[[int], int] | None = None) -> None:
         self.s = scheduler
         self.store_config = store_config
         self.counters = counters
         self.ranks = ranks
+        # The fewest tokens any TP rank found intact for a load (``ranks.tp_min``); the value itself with one rank.
+        self.agree = agree or ((lambda n: tp_min(scheduler, n)) if ranks.tp_size > 1 else (lambda n: n))
         self._store = None
         self._codec = None
         self._codec_pool = None
@@ -157,6 +159,9 @@ class KVSide:
             self.counters.add("kv_store_misses", loaded.missing_blocks)
             self.counters.add("kv_checksum_failures", loaded.checksum_failures)
         usable = ((have + loaded.tokens) // page) * page - have  # leading tokens after `have` that arrived intact
+        # Every TP rank inserts the same prefix (the fewest tokens any rank found intact): a block missing on one
+        # rank only would otherwise leave the ranks' prefix caches, and so their schedules, different.
+        usable = self.agree(usable)
         if usable <= 0:
             held = self._hold(msg, tokens[:have]) if have else False
             return LoadPrefixResult(0, have, loaded.missing_blocks, loaded.checksum_failures,

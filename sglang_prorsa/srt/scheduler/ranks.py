@@ -54,3 +54,18 @@ def tp_broadcast(scheduler: Any) -> Broadcast:
         return broadcast_pyobj(items if items is not None else [], group.rank, group.cpu_group, src=group.ranks[0])
 
     return broadcast
+
+
+def tp_min(scheduler: Any, value: int) -> int:
+    """The smallest ``value`` over the scheduler's TP group (all-reduce MIN over its CPU group); every rank calls it
+    at the same step (inside a control message every rank handles)."""
+    return min_over(value, scheduler.tp_group.cpu_group)
+
+
+def min_over(value: int, group: Any) -> int:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([int(value)], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+    return int(t.item())

@@ -7,6 +7,8 @@ import asyncio
 import collections
 from types import SimpleNamespace
 
+from unit_support import one_chunk_stitcher
+
 from sglang_prorsa.srt.common.messages import MigratedRequest, Stage
 from sglang_prorsa.srt.engine import continuation as cont
 from sglang_prorsa.srt.engine.peers import Peer
@@ -46,14 +48,7 @@ class Client:
 
 
 def run(side: Client) -> tuple[cont.Continuation, list[dict]]:
-    stitcher = SimpleNamespace(ids=[1], finished=False, rid="r0", migrations=[], straddle_stop=False,
-                               rebase=lambda: None)
-
-    def update(chunk):
-        stitcher.finished = True
-        return chunk
-
-    stitcher.update = update
+    stitcher = one_chunk_stitcher()
     record = MigratedRequest(rid="r0", role="decode", stage=Stage.RUNNING, input_ids=[5, 6, 7], output_ids=[1],
                              sampling_params={"max_new_tokens": 3}, kv_tokens=4)
     from sglang.srt.managers.io_struct import GenerateReqInput  # SGLang's request, as the continuation gets it

@@ -11,6 +11,7 @@ import time
 
 import orjson
 import pytest
+from unit_support import one_chunk_stitcher
 
 from sglang_prorsa.srt.common.channel import ChannelAddresses, EngineChannels, SchedulerChannel
 from sglang_prorsa.srt.common.messages import (
@@ -189,18 +190,10 @@ class Client:
 
 
 def run(client: Client) -> dict:
-    from types import SimpleNamespace
 
     from sglang.srt.managers.io_struct import GenerateReqInput
 
-    stitcher = SimpleNamespace(ids=[1], finished=False, rid="r0", migrations=[], straddle_stop=False,
-                               rebase=lambda: None)
-
-    def update(chunk):
-        stitcher.finished = True
-        return chunk
-
-    stitcher.update = update
+    stitcher = one_chunk_stitcher()
     record = MigratedRequest(rid="r0", role="decode", stage=Stage.RUNNING, input_ids=[5, 6, 7], output_ids=[1],
                              sampling_params={"max_new_tokens": 3}, kv_tokens=4, layout="m|float32|TP2")
     c = cont.Continuation(GenerateReqInput(sampling_params={"max_new_tokens": 4}), record, stitcher, {},

@@ -44,8 +44,10 @@ class RankKV(KVSide):
         scheduler = SimpleNamespace(tree_cache=tree, token_to_kv_pool_allocator=alloc, page_size=1,
                                     max_total_num_tokens=POOL, server_args=SimpleNamespace(model_path="tiny"),
                                     req_to_token_pool=SimpleNamespace(req_to_token=req_to_token))
+        # One process stands in for the TP group: the other rank found as many tokens (``test_tp_min``: the real
+        # agreement over two processes).
         super().__init__(scheduler, store_config=SimpleNamespace(block_tokens=BT), counters=InstanceCounters(),
-                         ranks=ranks)
+                         ranks=ranks, agree=lambda n: n)
         self._store = store
 
     def codec(self):
