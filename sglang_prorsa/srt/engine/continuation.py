@@ -25,7 +25,7 @@ import collections
 import logging
 import random
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import aiohttp
 import orjson
@@ -95,8 +95,13 @@ class Continuation:
     through ``client``; ``holder`` is this instance's id (reported in each move)."""
 
     def __init__(self, obj: Any, record: MigratedRequest, stitcher: Stitcher, headers: dict[str, str], *,
-                 peers: PeerView, client: PeerClient, counters: collections.Counter[str], holder: str) -> None:
+                 peers: PeerView, client: PeerClient, counters: collections.Counter[str], holder: str,
+                 aborted: Callable[[], bool] = lambda: False) -> None:
         self.peers = peers
+        # The trainer aborted every request of the holder (abort_all, pause in abort mode) after this began: its
+        # abort can reach the prefill instance first and fail the transfer that made this continuation, then reach
+        # the holder while the continuation waits for a pair. Checked before each move: answered as aborted.
+        self.aborted = aborted
         self.client = client
         self.counters = counters
         self.holder = holder
@@ -116,6 +121,12 @@ class Continuation:
         waited_s, streak = 0.0, 0  # waited for a pair, over all moves; pair-less picks in a row
         avoid: tuple[str, ...] = ()  # the prefill and decode instances the last attempt failed on
         while self.moves < MAX_MOVES:
+            if self.aborted():
+                self.counters["continuations_aborted"] += 1
+                yield self.stitcher.final_without_continuation(
+                    {"type": "abort", "message": "aborted by the trainer (abort_request abort_all or "
+                                                 "pause_generation abort) while being continued"})
+                return
             if self.deaths >= MAX_DEATHS:
                 self.counters["suspected_poison"] += 1
                 raise SuspectedPoison(f"{Code.SUSPECTED_POISON.value}: request {self.stitcher.rid} was on "

@@ -233,7 +233,7 @@ def wrap_stream_one_response(original):
                     if record is not None:
                         async with _model_lock_released(self):
                             async for resumed in side.resumer.resume(obj, state, record, out, (ids, text),
-                                                                     forwarded_headers(request)):
+                                                                     forwarded_headers(request), aborts_at_entry):
                                 yield deliver(resumed, _finished(resumed))
                         break  # this abort was the last output of the scheduler's request
                 if first and tid:
@@ -257,7 +257,7 @@ def wrap_stream_one_response(original):
                 return
             async with _model_lock_released(self):
                 async for resumed in side.resumer.resume(obj, state, record, None, (ids, text),
-                                                         forwarded_headers(request)):
+                                                         forwarded_headers(request), aborts_at_entry):
                     yield deliver(resumed, _finished(resumed))
         report_end(ids)  # a response that ended without a final output
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from sglang_prorsa.config import InstanceSpec
 from sglang_prorsa.srt.common.auth import AuthKeys
@@ -61,7 +61,8 @@ class EngineSide:
         self.admission = Admission()
         self.events = EngineEvents(spec.controller_url, self.client)
         self.aborts = AbortRecords(self.book, self.counters, self.tm_view, self.pairs, lambda: self.user_aborts)
-        self.resumer = Resumer(self.tm_view, self.peers, self.client, self.pairs, self.counters, self.instance_id)
+        self.resumer = Resumer(self.tm_view, self.peers, self.client, self.pairs, self.counters, self.instance_id,
+                               lambda: self.user_aborts)
         self.orphan_watch = OrphanWatch(self.scheduler, self.pairs, self.counters)
 
     async def start(self) -> None:
@@ -129,8 +130,10 @@ class _NoState:
 
 class Resumer:
     def __init__(self, tm: TokenizerManagerView, peers: PeerView, client: PeerClient, pairs: PairHalves,
-                 counters: collections.Counter[str], instance_id: str) -> None:
+                 counters: collections.Counter[str], instance_id: str,
+                 user_aborts: Callable[[], int] = lambda: 0) -> None:
         self.tm = tm
+        self.user_aborts = user_aborts  # the trainer's abort-all calls seen here (EngineSide.user_aborts)
         self.peers = peers
         self.client = client
         self.pairs = pairs
@@ -139,8 +142,11 @@ class Resumer:
         self.resuming = 0  # requests being continued elsewhere now
 
     async def resume(self, obj: Any, state: Any, record: MigratedRequest, last_out: dict | None,
-                     delivered: tuple[int, int], headers: dict[str, str]) -> AsyncIterator[dict[str, Any]]:
-        """Continue ``obj`` (taken off here as ``record``) elsewhere, giving the caller the stitched outputs."""
+                     delivered: tuple[int, int], headers: dict[str, str],
+                     aborts_at_entry: int | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Continue ``obj`` (taken off here as ``record``) elsewhere, giving the caller the stitched outputs.
+        ``aborts_at_entry``: the trainer aborts this instance had seen when the request arrived; one more (an
+        abort-all, a pause in abort mode) ends the continuation as aborted (``Continuation.aborted``)."""
         if record.role == "prefill":  # the decode half holds the caller and continues it
             self.counters["handed_on"] += 1
             yield handed_on_output(obj.rid, len(record.input_ids), self.tm.weight_version())
@@ -155,9 +161,11 @@ class Resumer:
                             no_stop_trim=bool(sp.get("no_stop_trim", False)))
         self.counters["resumed" if record.stage is Stage.RUNNING else "restarted"] += 1
         self.resuming += 1
+        aborts_at_start = self.user_aborts() if aborts_at_entry is None else aborts_at_entry
         try:
             continuation = Continuation(obj, record, stitcher, headers, peers=self.peers, client=self.client,
-                                        counters=self.counters, holder=self.instance_id)
+                                        counters=self.counters, holder=self.instance_id,
+                                        aborted=lambda: self.user_aborts() != aborts_at_start)
             async for out in continuation.run():
                 yield out
         except SuspectedPoison as e:

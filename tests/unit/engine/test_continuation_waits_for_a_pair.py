@@ -71,3 +71,22 @@ def test_no_pair_at_all_fails_explicitly_after_the_wait(monkeypatch):
         asyncio.run(collect(c))
     assert sum(pauses) == pytest.approx(cont.NO_PAIR_WAIT_S)
     assert c.moves == 0
+
+
+def test_a_trainer_abort_while_waiting_for_a_pair_answers_aborted_at_once(monkeypatch):
+    """The trainer's abort-all can reach the prefill instance first (failing the transfer that made this
+    continuation) and the holder while the continuation waits for a pair: it ends as aborted, not as a 503 after
+    the whole wait."""
+    c, pauses = continuation(monkeypatch, Peers(pair_after=None))
+    seen = {"n": 0}
+
+    def aborted() -> bool:  # the holder saw the abort-all after three pair-less picks
+        seen["n"] += 1
+        return seen["n"] > 3
+
+    c.aborted = aborted
+    ended: dict = {}
+    c.stitcher.final_without_continuation = lambda finish: ended.setdefault("finish", finish)
+    outs = asyncio.run(collect(c))
+    assert outs == [ended["finish"]] and ended["finish"]["type"] == "abort"
+    assert len(pauses) == 3 and c.moves == 0 and c.counters["continuations_aborted"] == 1

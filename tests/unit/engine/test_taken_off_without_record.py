@@ -180,7 +180,7 @@ class WrappedSide(HolderSide):
         self.resumed: list[MigratedRequest] = []
         self.resumer = SimpleNamespace(resume=self.resume)
 
-    async def resume(self, obj, state, record, last_out, delivered, headers):
+    async def resume(self, obj, state, record, last_out, delivered, headers, aborts_at_entry=None):
         self.resumed.append(record)
         yield {"output_ids": record.output_ids + [4, 5], "meta_info": {"finish_reason": {"type": "length"}}}
 
