@@ -153,6 +153,16 @@ def url_host(url: str) -> str:
     return netloc.rsplit(":", 1)[0] if ":" in netloc else netloc
 
 
+# Read by SGLang's PD bootstrap and KV transfer (SGLANG_HOST_IP) and Mooncake's transfer engine (MC_TCP_BIND_ADDRESS):
+# the only way those two learn the address a process advertises. Set from the flags, never read back by our code.
+ADDRESS_VARIABLES = ("SGLANG_HOST_IP", "MC_TCP_BIND_ADDRESS")
+
+
+def address_variables(host: str) -> dict[str, str]:
+    """The address variables for a process that advertises ``host``."""
+    return dict.fromkeys(ADDRESS_VARIABLES, host)
+
+
 def advertise_host(host: str, advertise_url: str = "", *, required_by: str = "") -> str:
     """The address others use to reach an instance's HTTP server, its PD bootstrap server and its Mooncake
     endpoints: the host of ``--prorsa-advertise-url`` when given, else ``--host`` when it names one address.

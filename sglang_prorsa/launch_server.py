@@ -25,12 +25,14 @@ import re
 import sys
 
 from sglang_prorsa.config import (
+    ADDRESS_VARIABLES,
     LOOPBACK,
     ConfigError,
     InstanceSpec,
     Mode,
     ProrsaConfig,
     add_prorsa_flags,
+    address_variables,
     advertise_host,
     split_prorsa_flags,
 )
@@ -127,9 +129,6 @@ def advertised_host(argv: list[str]) -> str:
     return advertise_host(host, config.prorsa_advertise_url, required_by=required_by)
 
 
-ADDRESS_VARIABLES = ("SGLANG_HOST_IP", "MC_TCP_BIND_ADDRESS")
-
-
 def address_environment(host: str, environ: dict[str, str] | None = None) -> dict[str, str]:
     """The environment variables through which SGLang (``SGLANG_HOST_IP``: the address its PD bootstrap and KV
     transfer endpoints advertise) and Mooncake's transfer engine (``MC_TCP_BIND_ADDRESS``) learn the address this
@@ -141,7 +140,7 @@ def address_environment(host: str, environ: dict[str, str] | None = None) -> dic
         if was is not None and was != host:
             logger.warning("%s=%s in the environment replaced by %s (from --host / --prorsa-advertise-url / "
                            "--prorsa-instance-host)", name, was, host)
-    return {name: host for name in ADDRESS_VARIABLES}
+    return address_variables(host)
 
 
 def instance_spec(config: ProrsaConfig, sglang_argv: list[str]) -> InstanceSpec:

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_validate.py, the prepared GPU validation run, on this machine: its dry run plans all five checks
+"""benchmarks/gpu_validate.py, the prepared GPU validation run, on this machine: its dry run plans all six checks
 (the wrapper script included), and its runner records a check that raises, skips or hangs for what it did."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from unit_support import BENCHMARKS, load_benchmark
 
 gv = load_benchmark("gpu_validate")
 
-NAMES = ["kernels", "busy_switch", "memory_release", "routed_experts", "tp2"]
-SERVER_CHECKS = ["busy_switch", "memory_release", "routed_experts", "tp2"]
+NAMES = ["kernels", "busy_switch", "memory_release", "routed_experts", "tp2", "dp2"]
+SERVER_CHECKS = ["busy_switch", "memory_release", "routed_experts", "tp2", "dp2"]
 
 
 def _check_plan(summary: dict) -> None:
@@ -37,7 +37,12 @@ def _check_plan(summary: dict) -> None:
     assert "--tp-size 2" in " ".join(checks["tp2"]["commands"])
     assert "expected" not in checks["tp2"]  # rank-aware persist is built: a FAIL is a failure
     assert "2 x kv_blocks_persisted" in " ".join(checks["tp2"]["commands"])
-    assert sum(c["timeout_s"] for c in checks.values()) <= summary["budget_s"] <= 480
+    dp2 = " ".join(checks["dp2"]["commands"])
+    assert "--tp-size 2 --attn-dp-size 2" in dp2 and "tiny-qwen2moe-" in dp2 and "kv_layout_refused = 0" in dp2
+    # one GPU: the two-GPU checks are not budgeted (they skip at once), and the rest fits the issue's 8 minutes
+    one_gpu = sum(c["timeout_s"] for n, c in checks.items() if n not in ("tp2", "dp2"))
+    assert one_gpu == summary["budget_s"] <= 480
+    assert summary["budget_two_gpus_s"] == one_gpu + checks["tp2"]["timeout_s"] + checks["dp2"]["timeout_s"]
     assert all(v == "importable" for v in summary["wiring"].values()), summary["wiring"]
 
 
@@ -54,7 +59,7 @@ def test_the_wrapper_runs_the_dry_run_and_out_env_is_honoured(tmp_path):
                        timeout=120, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     _check_plan(json.loads((tmp_path / "from-env" / gv.SUMMARY_NAME).read_text()))
-    assert "dry run: 5 checks planned" in (tmp_path / "from-env" / "gpu_validate.log").read_text()
+    assert "dry run: 6 checks planned" in (tmp_path / "from-env" / "gpu_validate.log").read_text()
 
 
 def _ctx(tmp_path: Path, name: str) -> object:
@@ -129,3 +134,11 @@ def test_the_run_writes_the_summary_fails_on_a_fail_and_skips_past_the_budget(tm
     assert [c["status"] for c in on_disk["checks"]] == ["PASS", "FAIL", "SKIP"]
     summary, rc = gv.run_all_checks(checks[:1], tmp_path / "out2", tmp_path / "work2", [], budget_s=5)
     assert rc == 0 and summary["checks"][0]["status"] == "SKIP" and "budget" in summary["checks"][0]["reason"]
+
+
+def test_the_default_budget_counts_the_checks_the_machine_can_run(tmp_path, monkeypatch):
+    checks = (gv.Check("p", "passes", 30, _passes, _plan), gv.Check("two", "two GPUs", 40, _passes, _plan, gpus=2))
+    for gpus, budget in ((1, 30), (2, 70)):
+        monkeypatch.setattr(gv, "probe_environment", lambda python, timeout_s=90.0, n=gpus: {"device_count": n})
+        summary, rc = gv.run_all_checks(checks, tmp_path / f"out{gpus}", tmp_path / f"work{gpus}", [], None)
+        assert rc == 0 and summary["budget_s"] == budget == gv.budget_for(checks, gpus)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang_prorsa.srt.common.parallel import scheduler_processes
+
 
 def instance_gpus(args: Any) -> int:
     """The GPUs one instance with SGLang's parsed record ``args`` (a ``ServerArgs``) occupies on its node."""
-    tp, pp, dp = (max(int(getattr(args, k, 1) or 1), 1) for k in ("tp_size", "pp_size", "dp_size"))
     # Attention DP (--attn-dp-size, or the deprecated --enable-dp-attention --dp-size N that SGLang turns into it)
     # splits the tensor-parallel group; only data-parallel replicas (plain --dp-size) take GPUs of their own.
-    replicas = 1 if getattr(args, "enable_dp_attention", False) else dp
-    return tp * pp * replicas
+    return scheduler_processes(args)

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sglang_prorsa.config import ConfigError, InstanceSpec, Mode, ProrsaConfig, advertise_host
+from sglang_prorsa.config import ConfigError, InstanceSpec, Mode, ProrsaConfig, address_variables, advertise_host
 from sglang_prorsa.srt.common.auth import AuthKeys
 from sglang_prorsa.srt.common.registry import Instance, Registry, State
 from sglang_prorsa.srt.controller import placement
@@ -81,7 +81,7 @@ def instance_environment(spec: InstanceSpec) -> dict[str, str]:
     """What an instance's process is started with beyond ours (``processes.loopback_env``): the address it advertises
     (``InstanceSpec.advertise_host``), for SGLang's PD bootstrap and Mooncake's transfer engine, which read it from
     these variables; our code never reads them back."""
-    return {"SGLANG_HOST_IP": spec.advertise_host, "MC_TCP_BIND_ADDRESS": spec.advertise_host}
+    return address_variables(spec.advertise_host)
 
 
 def start_instance(spec: InstanceSpec, log_dir: Path, attempt: int = 0):

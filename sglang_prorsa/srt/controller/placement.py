@@ -19,6 +19,7 @@ from typing import Any
 
 from sglang_prorsa.config import ConfigError, Mode, ProrsaConfig
 from sglang_prorsa.srt.common.gpus import instance_gpus
+from sglang_prorsa.srt.common.parallel import replicas
 
 __all__ = ["PlacementSpec", "instance_gpus", "plan", "plan_front", "visible_gpus"]
 
@@ -40,7 +41,7 @@ def size_text(args: Any) -> str:
     parts = [f"--tp-size {max(int(args.tp_size or 1), 1)}"]
     if int(getattr(args, "pp_size", 1) or 1) > 1:
         parts.append(f"--pp-size {args.pp_size}")
-    if int(getattr(args, "dp_size", 1) or 1) > 1 and not getattr(args, "enable_dp_attention", False):
+    if replicas(args) > 1:
         parts.append(f"--dp-size {args.dp_size}")
     return " × ".join(parts)
 
@@ -94,7 +95,7 @@ _COUNT_FLAG = {Mode.ADAPTIVE: "--prorsa-instances", Mode.STATIC: "--pd-static", 
 
 def size_flag_of(args: Any) -> str:
     """The flag that makes one instance this large (named when even one does not fit)."""
-    if int(getattr(args, "dp_size", 1) or 1) > 1 and not getattr(args, "enable_dp_attention", False):
+    if replicas(args) > 1:
         return "--dp-size"
     if int(getattr(args, "pp_size", 1) or 1) > 1 and int(args.tp_size or 1) == 1:
         return "--pp-size"

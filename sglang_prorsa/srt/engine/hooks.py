@@ -19,6 +19,7 @@ from typing import Any
 
 from sglang_prorsa.policy.lifecycle.engine_api import SGLANG_ID_FIELDS, strip_carried_id, trajectory_id_of
 from sglang_prorsa.srt.common.messages import RESUME_HEADER, ROLE_HEADER
+from sglang_prorsa.srt.common.parallel import dp_ranks
 from sglang_prorsa.srt.engine import aborts, in_process, request_guard
 from sglang_prorsa.srt.engine.aborts import HandedBack
 from sglang_prorsa.srt.engine.continuation import aborted_output
@@ -128,7 +129,7 @@ def _limits(tm: Any) -> request_guard.Limits:
         limits = tm._prorsa_limits = request_guard.Limits(
             vocab_size=tm.model_config.vocab_size,
             role=str(args.disaggregation_mode or "null").lower(),
-            grammar=str(args.grammar_backend or "").lower() != "none", dp_size=int(args.dp_size or 1))
+            grammar=str(args.grammar_backend or "").lower() != "none", dp_size=dp_ranks(args))
     return limits
 
 

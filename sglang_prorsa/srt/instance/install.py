@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from sglang_prorsa import __version__
-from sglang_prorsa.config import InstanceSpec, ProrsaConfig
+from sglang_prorsa.config import ADDRESS_VARIABLES, InstanceSpec, ProrsaConfig
 from sglang_prorsa.srt.common.auth import AuthKeys, mark_admin_routes, mount
+from sglang_prorsa.srt.common.parallel import dp_ranks, replicas
 from sglang_prorsa.srt.disaggregation.kv_persist import KVStoreConfig
 
 logger = logging.getLogger("sglang_prorsa.instance")
@@ -141,8 +142,8 @@ def install(spec: InstanceSpec, server_args, app) -> Installed:
     if cpu:  # read by the scheduler processes SGLang spawns next (they inherit this environment)
         from sglang_prorsa.srt import cpu_recipe
 
-        for name, value in cpu_recipe.parallel_environment(int(server_args.tp_size or 1),
-                                                           int(server_args.dp_size or 1), dict(os.environ)).items():
+        for name, value in cpu_recipe.parallel_environment(int(server_args.tp_size or 1), replicas(server_args),
+                                                           dict(os.environ)).items():
             logger.info("CPU recipe: %s=%s (tensor/data parallel ranks on CPU)", name, value)
             os.environ[name] = value
     addresses = ChannelAddresses.fresh()
@@ -150,9 +151,9 @@ def install(spec: InstanceSpec, server_args, app) -> Installed:
                                kv_store=kv_store_config(spec), cpu_threads=spec.cpu_threads if cpu else 0,
                                crash_on_tokens=spec.prorsa.crash_marker)
     keys = AuthKeys.of(server_args)
-    # With data parallelism each DP rank's scheduler group binds its own channel (its DP rank and size reach the
+    # With data parallelism (replicas or attention-DP groups) each DP rank's scheduler group binds its own channel (its DP rank and size reach the
     # scheduler process through SGLang's spawn arguments: scheduler_process.py); the engine side talks to all.
-    channels = EngineChannels.connect(addresses, int(server_args.dp_size or 1))
+    channels = EngineChannels.connect(addresses, dp_ranks(server_args))
     side = EngineSide(spec, channels, tokenizer_manager=None, keys=keys)
     hooks.ENGINE = side
     mount(app, make_engine_router(side, cpu=cpu))
@@ -179,7 +180,7 @@ def advertised(spec: InstanceSpec, store: KVStoreConfig) -> dict:
     return {"host": spec.advertise_host, "url": spec.url,
             "bootstrap": f"{spec.advertise_host}:{spec.bootstrap_port}" if spec.bootstrap_port else None,
             "kv_store_client": store.local_hostname if store.kind == "mooncake" else None,
-            "transfer": {name: os.environ.get(name) for name in ("SGLANG_HOST_IP", "MC_TCP_BIND_ADDRESS")}}
+            "transfer": {name: os.environ.get(name) for name in ADDRESS_VARIABLES}}
 
 
 def mount_lifecycle(app, config: ProrsaConfig):

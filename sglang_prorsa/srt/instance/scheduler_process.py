@@ -18,6 +18,7 @@ import dataclasses
 import logging
 from typing import Any, Callable
 
+from sglang_prorsa.srt.common.parallel import dp_ranks
 from sglang_prorsa.srt.scheduler.extension import SchedulerRuntime
 
 
@@ -51,4 +52,4 @@ def with_spawn_ranks(runtime: SchedulerRuntime, args: tuple, kwargs: dict[str, A
     dp_rank = resolve_spawn_dp_rank(bound.get("dp_rank"))
     if dp_rank is None:  # no DP controller spawned it: the instance's one scheduler group, the runtime as it came
         return runtime
-    return dataclasses.replace(runtime, dp_rank=int(dp_rank), dp_size=int(bound["server_args"].dp_size or 1))
+    return dataclasses.replace(runtime, dp_rank=int(dp_rank), dp_size=dp_ranks(bound["server_args"]))

@@ -155,8 +155,8 @@ class ProrsaSchedulerMixin:
 class SchedulerSide:
     """Per-process state of the extension: the channel, counters, the KV side, released rooms, held prefixes.
 
-    With tensor parallelism there is one per TP rank; only rank 0 (of its DP group) has the channel, and every rank
-    handles every control message, in the same order (``ranks.py``)."""
+    With tensor parallelism there is one per TP rank; only rank 0 (of its DP group, or of its attention-TP group under
+    attention DP) has the channel, and every rank handles every control message, in the same order (``ranks.py``)."""
 
     def __init__(self, scheduler: Any, runtime: SchedulerRuntime, broadcast: Broadcast | None = None) -> None:
         self.s = scheduler
@@ -164,11 +164,9 @@ class SchedulerSide:
         self.counters = InstanceCounters()
         self._checked_role = ""
         self._check_role()
-        if scheduler.server_args.enable_dp_attention:
-            # Attention DP puts every DP group into one TP group, with a leader per attention group: not handled.
-            raise RuntimeError("prorsa: busy role switches do not support --enable-dp-attention")
         self.ranks: Ranks = ranks_of(scheduler, runtime.dp_rank, runtime.dp_size)
-        # The TP group's broadcast of rank 0's control messages (SGLang's broadcast_pyobj); none with one TP rank.
+        # The (attention) TP group's broadcast of its leader's control messages (SGLang's broadcast_pyobj); none with
+        # one rank.
         self.broadcast = (broadcast or tp_broadcast(scheduler)) if self.ranks.tp_size > 1 else None
         self.channel: SchedulerChannel | None = None
         if self.ranks.leader:

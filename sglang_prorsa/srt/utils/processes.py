@@ -24,6 +24,8 @@ from typing import Callable
 
 import requests
 
+from sglang_prorsa.config import ADDRESS_VARIABLES, address_variables
+
 LOOPBACK = "127.0.0.1"
 _LIVE: dict[int, "ServerProcess"] = {}
 
@@ -67,13 +69,10 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-ADDRESS_VARIABLES = ("SGLANG_HOST_IP", "MC_TCP_BIND_ADDRESS")  # read by SGLang's PD bootstrap and Mooncake
-
-
 def loopback_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment every server we start on this host gets: nothing is advertised beyond loopback."""
     env = user_env()
-    env.update({"SGLANG_HOST_IP": LOOPBACK, "MC_TCP_BIND_ADDRESS": LOOPBACK, "MOONCAKE_PROTOCOL": "tcp"})
+    env.update(address_variables(LOOPBACK), MOONCAKE_PROTOCOL="tcp")
     env.update(extra or {})
     return env
 

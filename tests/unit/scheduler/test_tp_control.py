@@ -145,3 +145,6 @@ def test_the_scheduler_entry_reads_the_dp_rank_from_sglangs_spawn_arguments(runt
     # SGLang's engine without data parallelism passes dp_rank None: the runtime as it came
     assert with_spawn_ranks(runtime, (server_args, "ports", 0, 0, 0, None, "pipe"), {}) is runtime
     assert with_spawn_ranks(runtime, (), {"server_args": server_args, "dp_rank": 0}).dp_rank == 0
+    # attention DP as the schedulers see it (SGLang resolved --attn-dp-size 2): two DP ranks, two channels
+    attention = SimpleNamespace(dp_size=1, attn_dp_size=2, enable_dp_attention=False)
+    assert with_spawn_ranks(runtime, (attention, "ports", 0, 3, 0, 1, "pipe"), {}).dp_size == 2
