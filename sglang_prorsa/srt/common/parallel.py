@@ -2,9 +2,9 @@
 resolution of them.
 
 SGLang 0.5.23 spells attention DP ``--attn-dp-size N``; the deprecated ``--dp-size N --enable-dp-attention`` is
-turned into it when SGLang resolves its arguments (``attn_dp_size = N``, ``dp_size = 1``, the flag cleared). Our code
-reads the arguments both before (the launcher, ``install()``) and after (the spawned schedulers), so every reading
-goes through these functions, which give the same answer for both spellings and both moments.
+turned into it by SGLang's resolution (its resolved view has ``attn_dp_size = N``, ``dp_size = 1``, the flag cleared;
+the record's attributes keep what was given). Every reading of the layout goes through these functions, which give
+the same answer for both spellings, on the record as given and on SGLang's resolved view.
 """
 
 from __future__ import annotations

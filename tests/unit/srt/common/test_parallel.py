@@ -44,3 +44,22 @@ def test_the_deprecated_spelling_gives_the_same_layout_after_sglang_resolves_it(
     for f in (attention_dp, attention_groups, replicas, dp_ranks, scheduler_processes):
         assert f(before) == f(after), f.__name__
     assert dp_ranks(after) == 4 and scheduler_processes(after) == 4
+
+
+@pytest.mark.parametrize("flags", [["--tp-size", "2", "--dp-size", "2", "--enable-dp-attention"],
+                                   ["--tp-size", "2", "--attn-dp-size", "2"]])
+def test_the_layout_after_sglangs_own_resolution(flags):
+    """SGLang's launcher resolves the record before it spawns the schedulers (``resolve_once``). Its resolved view turns
+    the deprecated spelling into ``attn_dp_size`` (``dp_size`` 1, the flag cleared), while the record's attributes keep
+    what was given: the layout must read the same from either."""
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_prorsa.testing.tiny_moe import ensure_moe_model
+
+    args = prepare_server_args(["--model-path", str(ensure_moe_model()), "--device", "cpu", *flags])
+    args.resolve_once()
+    view = resolving_view(args)
+    assert (view.enable_dp_attention, view.dp_size, view.attn_dp_size) == (False, 1, 2)
+    for record in (args, view):
+        assert (attention_dp(record), dp_ranks(record), scheduler_processes(record)) == (True, 2, 2)
