@@ -5,9 +5,12 @@ Grid: three tasks (math, coding_agent, general_agent) x three staleness settings
 ratio and adaptive (our control plane); the best static ratio is chosen per cell and load by its mean step time over the
 seeds. A load is "GPU-bound" when doubling it multiplies the best static step time by >= 1.5 (the step is waiting for
 GPUs, not for tools, rewards and the slowest trajectory); the acceptance check (adaptive <= 1.02 x best static) is read
-at those loads. Asynchronous runs with staleness k launch (k + 1) steps' worth of groups at once and reach a steady
-pipeline only after about k + 1 steps: they run k + 1 + ``--async-measured`` steps, and their steady step time is the
-batch over the rate trajectories finished after the warm-up (SimResult.steady_step_s).
+at those loads. Each row also sets adaptive beside the ratios a user would pick without simulating every one
+(sim/baselines.py: the paper's MiMo-V2.5-Pro optima scaled to the cluster, 1:1, and slime's flow balance from the
+workload's means), read off the same static runs. Asynchronous runs with staleness k launch (k + 1) steps' worth of
+groups at once and reach a steady pipeline only after about k + 1 steps: they run k + 1 + ``--async-measured`` steps,
+and their steady step time is the batch over the rate trajectories finished after the warm-up
+(SimResult.steady_step_s).
 
 ``--shift`` adds the shifting-mix experiment: a mixed batch of math (all requests at the step's start, minutes of
 decode) and a long-document agent (context, hence prefill per prefix-cache miss, growing turn by turn), whose
@@ -35,7 +38,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from sglang_prorsa.sim import plots
+from sglang_prorsa.sim import baselines, plots
 from sglang_prorsa.sim.config import ClusterConfig, RolloutConfig, assumed_parameters, load_model
 from sglang_prorsa.sim.metrics import interval95
 from sglang_prorsa.sim.report import DEFAULT_GRID
@@ -135,8 +138,10 @@ def cell_jobs(preset: str, staleness: int, groups: int, seeds: list[int], ratios
 
 
 def summarise(runs: dict[Job, dict], preset: str, staleness: int, groups: int, seeds: list[int], ratios: list[int],
-              shape: str = "same") -> dict:
-    """One row per (cell, load): each mode's mean step time over seeds, the best static ratio, adaptive vs it."""
+              shape: str = "same", picks: dict | None = None) -> dict:
+    """One row per (cell, load): each mode's mean step time over seeds, the best static ratio, adaptive vs it, and
+    adaptive vs each baseline in ``picks`` (``cell_baselines``: ratios a user would pick without simulating them all;
+    a lookup among the static runs, which cover every ratio)."""
     def of(mode, p=0, s=None):
         return [runs[Job(preset, staleness, groups, x, mode, p, shape if mode != "colocated" else "same", keep)]
                 for x in (seeds if s is None else [s]) for keep in (False, True)
@@ -179,10 +184,32 @@ def summarise(runs: dict[Job, dict], preset: str, staleness: int, groups: int, s
                               if all("completion_mean_s" in r for r in rs) else None  # reused runs may lack it
                               for m, rs in (("colocated", colo), ("best static", best_runs), ("adaptive", adaptive))},
         "hold_reasons": _sum_dicts(r["hold_reasons"] for r in adaptive),
+        **({"baselines": _versus(picks, statics, mean(adaptive))} if picks is not None else {}),
         "cpu_s": sum(r["cpu_s"] for r in runs.values()
                      if (r["preset"], r["staleness"], r.get("groups_per_step", r.get("groups"))) ==
                      (preset, staleness, groups)),
     }
+
+
+def cell_baselines(args, preset: str, shape: str = "same") -> dict:
+    """The baselines of sim/baselines.py for a workload on the grid's cluster, and the flow balance's quantities."""
+    model = load_model(args.model)
+    cluster = ClusterConfig(gpus=args.gpus, mode="static", decode_shape=shape)
+    flow = baselines.flow_balance(model, preset, cluster)
+    return {"paper optimum": baselines.paper_optimum(model, preset, cluster),
+            "1:1": baselines.one_to_one(model, cluster), "flow balance": flow.baseline, "flow": flow}
+
+
+def _versus(picks: dict, statics: dict[int, float], adaptive_s: float) -> dict:
+    """Each baseline's split, its static step time and adaptive / it (None: no split, or not among the runs)."""
+    out = {}
+    for name in baselines.BASELINES:
+        pick = picks[name]
+        static_s = statics.get(pick.prefill_instances) if pick.prefill_instances is not None else None
+        ratio = adaptive_s / static_s if static_s is not None and 0 < static_s < float("inf") else None
+        out[name] = pick.to_dict() | {"static_s": static_s, "adaptive_over": ratio}
+    out["flow balance"]["flow"] = {k: v for k, v in picks["flow"].to_dict().items() if k != "baseline"}
+    return out
 
 
 def _sum_dicts(dicts) -> dict:
@@ -219,7 +246,8 @@ def run_grid(args, opts: dict) -> dict:
             plan.append((p, k, g))
     runs = _map(jobs, opts, f"{args.model} grid")
     _checkpoint(args.out / "runs_grid.json", runs)
-    rows = [summarise(runs, p, k, g, seeds, ratios) for p, k, g in plan]
+    picks = {p: cell_baselines(args, p) for p in args.presets}
+    rows = [summarise(runs, p, k, g, seeds, ratios, picks=picks[p]) for p, k, g in plan]
     mark_gpu_bound(rows)
     series = {f"{j.preset}/{'sync' if j.staleness == 0 else f'stale{j.staleness}'}": r
               for j, r in runs.items() if j.keep_series}
@@ -235,7 +263,8 @@ def run_shift(args, opts: dict) -> list[dict]:
     jobs = [j for w, k, g in SHIFT for j in cell_jobs(w, k, g, seeds, ratios)]
     runs = _map(jobs, opts, f"{args.model} shifting mix")
     _checkpoint(args.out / "runs_shift.json", runs)
-    return [summarise(runs, w, k, g, seeds, ratios) for w, k, g in SHIFT]
+    picks = {w: cell_baselines(args, w) for w in dict.fromkeys(w for w, _, _ in SHIFT)}
+    return [summarise(runs, w, k, g, seeds, ratios, picks=picks[w]) for w, k, g in SHIFT]
 
 
 WIDE = (("coding_agent", 0, 32), ("coding_agent", 2, 12))
@@ -249,7 +278,8 @@ def run_wide(args, opts: dict) -> list[dict]:
     jobs = [j for w, k, g in WIDE for j in cell_jobs(w, k, g, seeds, ratios, shape="wide")]
     runs = _map(jobs, opts, f"{args.model} wide decode")
     _checkpoint(args.out / "runs_wide.json", runs)
-    return [summarise(runs, w, k, g, seeds, ratios, shape="wide") for w, k, g in WIDE]
+    picks = {w: cell_baselines(args, w, "wide") for w in dict.fromkeys(w for w, _, _ in WIDE)}
+    return [summarise(runs, w, k, g, seeds, ratios, shape="wide", picks=picks[w]) for w, k, g in WIDE]
 
 
 def _checkpoint(path: Path, runs: dict[Job, dict]) -> None:
@@ -269,8 +299,10 @@ def _slim(job: Job, r: dict) -> dict:
 def print_rows(title: str, rows: list[dict]) -> None:
     print(f"\n{title}")
     print(f"{'workload':<20}{'stale':>6}{'groups':>7} {'GPU-bnd':>7}{'colo s':>9}{'best':>6}{'static s':>10}"
-          f"{'adapt s':>9}{'ad/best':>8}{'(seeds)':>16}{'ad/colo':>8}{'sw/step':>8}{'paid':>6}{'WAPE P/D':>12}")
+          f"{'adapt s':>9}{'ad/best':>8}{'(seeds)':>16}{'ad/colo':>8}{'sw/step':>8}{'paid':>6}{'WAPE P/D':>12}"
+          f"{'ad/paper':>9}{'ad/1:1':>8}{'ad/flow':>8}")
     for r in rows:
+        versus = [(r.get("baselines") or {}).get(name, {}).get("adaptive_over") for name in baselines.BASELINES]
         seeds = "/".join(f"{x:.3f}" for x in r["adaptive_over_best_seeds"])
         paid = "-" if r["switches_paid_share"] is None else f"{100 * r['switches_paid_share']:.0f}%"
         wape = ("-" if r["wape_prefill"] is None else
@@ -278,7 +310,8 @@ def print_rows(title: str, rows: list[dict]) -> None:
         bound = {True: "yes", False: "no", None: "-"}[r.get("gpu_bound")]
         print(f"{r['preset']:<20}{r['staleness']:>6}{r['groups']:>7} {bound:>7}{r['colocated_s']:9.0f}"
               f"{r['best_static']:>6}{r['best_static_s']:10.0f}{r['adaptive_s']:9.0f}{r['adaptive_over_best']:8.3f} "
-              f"{seeds:>16}{r['adaptive_over_colocated']:8.2f}{r['switches_per_step']:8.1f}{paid:>6}{wape:>12}")
+              f"{seeds:>16}{r['adaptive_over_colocated']:8.2f}{r['switches_per_step']:8.1f}{paid:>6}{wape:>12}"
+              + "".join(f"{'-' if v is None else f'{v:.3f}':>{w}}" for v, w in zip(versus, (9, 8, 8))))
 
 
 def measure_speed(args) -> list[dict]:

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import statistics
 import sys
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
@@ -22,11 +23,13 @@ from pathlib import Path
 from tqdm import tqdm
 
 from sglang_prorsa.policy.horizon import DEFAULT_HORIZON_S
+from sglang_prorsa.sim.baselines import flow_balance, one_to_one, paper_optimum
 from sglang_prorsa.sim.config import (
     MODES,
     PLANNERS,
     ROUTING,
     ClusterConfig,
+    ModelConfig,
     RolloutConfig,
     available_models,
     load_model,
@@ -144,7 +147,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """Colocated, every static ratio and adaptive, each over ``--seeds`` seeds; the best static by mean step time."""
+    """Colocated, every static ratio and adaptive, each over ``--seeds`` seeds; the best static by mean step time,
+    then adaptive against the ratios a user would pick without that oracle (baselines.py)."""
     model = load_model(args.model)
     ratios = static_ratios(model, _cluster(args, "static", 1))
     configs = [("colocated", 0)] + [("static", p) for p in ratios] + [("adaptive", args.prefill_instances)]
@@ -160,13 +164,44 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(("* " if g is best else "  ") + _line(g, base))
     adaptive = groups[-1]
     print(f"adaptive / best static ({best[0].label}): {mean(adaptive) / mean(best):.3f}")
-    _write(args.json, [r for g in groups for r in g])
+    summary = _versus_baselines(args, model, adaptive, best, statics, mean)
+    rows = [r for g in groups for r in g]
+    _write(args.json, rows, {i: summary for i, r in enumerate(rows) if r.mode == "adaptive"})
     return 0
 
 
-def _write(path: str | None, results: list[SimResult]) -> None:
+def _versus_baselines(args: argparse.Namespace, model: ModelConfig, adaptive: list[SimResult], best: list[SimResult],
+                      statics: list[list[SimResult]], mean: Callable[[list[SimResult]], float]) -> dict:
+    """Print adaptive against each ratio a user would pick without simulating every one (baselines.py), looked up
+    among the static runs compare made; returns the same for the JSON (``baselines``, ``flow_balance``)."""
+    cluster = _cluster(args, "static", 1)
+    flow = flow_balance(model, _rollout(args), cluster)
+    picks = {"paper optimum": paper_optimum(model, args.preset, cluster), "1:1": one_to_one(model, cluster),
+             "flow balance": flow.baseline}
+    by_prefill = {g[0].prefill_instances: g for g in statics}
+    out = {"best static": {"label": best[0].label.removeprefix("static "), "prefill_instances":
+                           best[0].prefill_instances, "decode_instances": best[0].decode_instances,
+                           "adaptive_over": mean(adaptive) / mean(best), "note": "fastest of every static ratio"}}
+    for name, pick in picks.items():
+        runs = by_prefill.get(pick.prefill_instances) if pick.prefill_instances is not None else None
+        ratio = mean(adaptive) / mean(runs) if runs else None
+        out[name] = pick.to_dict() | {"adaptive_over": ratio}
+        if pick.prefill_instances is None:
+            print(f"adaptive / {name}: - ({pick.note})")
+        elif runs is None:
+            print(f"adaptive / {name} (static {pick.label}): - (not among the static runs)")
+        else:
+            late = " (a seed did not finish its steps)" if any(r.steps_done < args.steps for r in runs) else ""
+            print(f"adaptive / {name} ({runs[0].label}): {ratio:.3f}{late}")
+    print(f"  flow balance: {flow.baseline.note}")
+    return {"baselines": out, "flow_balance": flow.to_dict()}
+
+
+def _write(path: str | None, results: list[SimResult], extra: dict[int, dict] | None = None) -> None:
+    """Every result as a JSON list; ``extra`` adds keys to the rows it names by index."""
     if path:
-        Path(path).write_text(json.dumps([r.to_dict() for r in results], indent=1, default=_json_default))
+        rows = [r.to_dict() | (extra or {}).get(i, {}) for i, r in enumerate(results)]
+        Path(path).write_text(json.dumps(rows, indent=1, default=_json_default))
         print(f"wrote {path}")
 
 

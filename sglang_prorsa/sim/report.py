@@ -13,11 +13,15 @@ def _pct(v) -> str:
     return "-" if v is None else f"{100 * v:.0f}%"
 
 
+BASELINES = ("paper optimum", "1:1", "flow balance")  # sim/baselines.py, in its order
+
+
 def _table(rows: list[dict]) -> list[str]:
+    versus = any("baselines" in r for r in rows)  # grids made before the baselines keep their old table
     out = ["| workload | staleness | groups/step | GPU-bound | colocated s | best static | static s | adaptive s | "
            "adaptive / best static (per seed; 95 % interval) | adaptive / colocated | switches / step | paid | "
-           "WAPE P / D |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "WAPE P / D |" + ("".join(f" adaptive / {name} |" for name in BASELINES) if versus else ""),
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" * len(BASELINES) if versus else "")]
     for r in rows:
         seeds = ", ".join(f"{x:.3f}" for x in r["adaptive_over_best_seeds"])
         ci = r.get("adaptive_over_best_ci95")
@@ -29,8 +33,47 @@ def _table(rows: list[dict]) -> list[str]:
         out.append(f"| {r['preset']} | {r['staleness']} | {r['groups']} | {bound} | {_secs(r['colocated_s'])} | "
                    f"{r['best_static']} | {_secs(r['best_static_s'])} | {_secs(r['adaptive_s'])} | "
                    f"**{r['adaptive_over_best']:.3f}** ({seeds}) | {f'{colo:.2f}' if _finite(colo) else '-'} | "
-                   f"{r['switches_per_step']:.1f} | {_pct(r['switches_paid_share'])} | {wape} |")
+                   f"{r['switches_per_step']:.1f} | {_pct(r['switches_paid_share'])} | {wape} |"
+                   + ("".join(f" {_versus(r, name)} |" for name in BASELINES) if versus else ""))
     return out
+
+
+def _versus(row: dict, name: str) -> str:
+    """adaptive / a baseline's static ratio, with the ratio it picked: ``1.012 (4:4)``."""
+    pick = (row.get("baselines") or {}).get(name)
+    if not pick or pick.get("label") is None:
+        return "-"
+    if pick.get("static_s") is None:
+        return f"- ({pick['label']} not run)"
+    ratio = pick.get("adaptive_over")
+    return f"{ratio:.3f} ({pick['label']})" if _finite(ratio) else f"{_secs(pick['static_s'])} ({pick['label']})"
+
+
+def _baselines(rows: list[dict]) -> list[str]:
+    """How each workload's baselines were picked, and the flow balance's rates (per instance, requests/s)."""
+    first = {}
+    for r in rows:
+        if "baselines" in r:
+            wide = " (wide decode)" if r.get("decode_shape") == "wide" else ""
+            first.setdefault(r["preset"] + wide, r["baselines"])
+    if not first:
+        return []
+    out = ["### Baselines without an oracle", "",
+           "Best static is the fastest of *every* static ratio, which no user knows before running them all. The "
+           "last columns set adaptive beside ratios a user would pick (`sglang_prorsa/sim/baselines.py`): the "
+           "paper's static optima for MiMo-V2.5-Pro (math 4:4, coding 5:3, general 3:5 on 8 instances) scaled to "
+           "the cluster, 1:1, and the flow balance, the split that maximises slime's bound lambda <= min(n_P mu_P, "
+           "n_D mu_D, ...) computed from the workload's means: mu_P of a prefill instance, mu_D of a decode "
+           "instance at its batch limit, kv_D its KV bound by Little's law, all in requests/s. Each is a lookup "
+           "among the static runs.", "",
+           "| workload | paper optimum | 1:1 | flow balance | mu_P | mu_D | kv_D | bound req/s |",
+           "|---|---|---|---|---|---|---|---|"]
+    for preset, b in first.items():
+        flow = b.get("flow balance", {}).get("flow", {})
+        num = lambda k: f"{flow[k]:.3g}" if _finite(flow.get(k)) else "-"  # noqa: E731
+        out.append(f"| {preset} | " + " | ".join(b.get(n, {}).get("label") or "-" for n in BASELINES)
+                   + f" | {num('mu_p')} | {num('mu_d')} | {num('kv_d')} | {num('bound')} |")
+    return out + [""]
 
 
 def _reading(bound: list[dict]) -> list[str]:
@@ -161,6 +204,7 @@ def markdown(result: dict, model: str, assumed: dict[str, str], paper: dict[str,
             lines += ["No load of this sweep makes the cluster GPU-bound (in every cell the best static step time grew "
                       "less than 1.5x over half the load), so the <= 1.02 target, stated for GPU-bound loads, is not "
                       "judged here; that needs higher `--loads`.", ""]
+        lines += _baselines(rows + shift + (result.get("wide") or []))
         lines += ["### Where the GPU time goes", ""] + _idle(rows) + [""]
     if shift:
         lines += ["## Shifting prefill:decode mix", "",

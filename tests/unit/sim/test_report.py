@@ -113,3 +113,36 @@ def test_grid_rejects_bad_flags_before_running_anything(tmp_path, monkeypatch, c
         bench.main()
     assert exit_info.value.code == 2 and says in capsys.readouterr().err
     assert not out.exists()  # nothing run, nothing written
+
+
+def test_baseline_columns_are_a_lookup_among_the_static_runs():
+    bench = load_benchmark("bench_sim_grid")
+    from sglang_prorsa.sim.baselines import Baseline
+
+    flow = type("Flow", (), {"to_dict": lambda self: {"baseline": {}, "mu_p": 30.0, "mu_d": 2.0, "kv_d": 60.0,
+                                                       "bound": 14.0}})()
+    picks = {"paper optimum": Baseline("paper optimum", 3, 5, "paper 3:5"), "1:1": Baseline("1:1", 4, 4, "half"),
+             "flow balance": Baseline("flow balance", 1, 7, "flow"), "flow": flow}
+    statics = {1: 100.0, 3: 125.0, 4: float("inf")}  # 4:4 did not finish within --max-sim-s
+    versus = bench._versus(picks, statics, 110.0)
+    assert versus["paper optimum"]["adaptive_over"] == pytest.approx(110 / 125)
+    assert versus["flow balance"]["adaptive_over"] == pytest.approx(1.1)
+    assert versus["1:1"]["adaptive_over"] is None and versus["1:1"]["static_s"] == float("inf")
+    assert versus["flow balance"]["flow"]["mu_d"] == 2.0
+
+    new = {**_row("general_agent", 1.0, [1.0, 1.0]), "baselines": versus}
+    none = {**_row("research_agent", 1.0, [1.0, 1.0]), "baselines": {
+        **versus, "paper optimum": Baseline("paper optimum", None, None, "none").to_dict()}}
+    text = markdown({"rows": [new, none], "args": {"model": "m", "seeds": "2"}}, "m", {}, {})
+    header, rule, row, row2 = [line for line in text.splitlines() if line.startswith("|")][:4]
+    assert header.endswith("| WAPE P / D | adaptive / paper optimum | adaptive / 1:1 | adaptive / flow balance |")
+    assert rule.count("---") == 16
+    # the existing columns are unchanged (a grid made before the baselines keeps its old table); the new ones give
+    # the ratio and the split it was read at
+    old = markdown({"rows": [_row("general_agent", 1.0, [1.0, 1.0])], "args": {}}, "m", {}, {})
+    assert "adaptive / 1:1" not in old and "Baselines without an oracle" not in old
+    old_row = next(line for line in old.splitlines() if line.startswith("| general_agent |"))
+    assert row == old_row + " 0.880 (3:5) | unfinished (4:4) | 1.100 (1:7) |"
+    assert row2.endswith("| - | - | unfinished (4:4) | 1.100 (1:7) |")  # WAPE "-", then no paper optimum
+    assert "### Baselines without an oracle" in text
+    assert "| general_agent | 3:5 | 4:4 | 1:7 | 30 | 2 | 60 | 14 |" in text

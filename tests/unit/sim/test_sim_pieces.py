@@ -109,7 +109,29 @@ def test_compare_writes_every_seed(tmp_path, capsys):
     assert [(r["mode"], r["prefill_instances"], r["seed"]) for r in rows] == [
         (m, p, s) for m, p in (("colocated", 0), ("static", 1), ("static", 2), ("adaptive", 1)) for s in (0, 1)]
     assert all(r["step_times_s"] and "switches" in r for r in rows)
-    assert "adaptive / best static" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "adaptive / best static" in out
+    # then adaptive against the baselines, looked up among the static runs: on 3 instances the paper's general-agent
+    # 3:5 (1.125 prefill) and 1:1 (1.5, halves to decode) are both 1:2
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("adaptive / best static"))
+    assert lines[at + 1].startswith("adaptive / paper optimum (static 1:2): ")
+    assert lines[at + 2].startswith("adaptive / 1:1 (static 1:2): ")
+    assert lines[at + 3].startswith("adaptive / flow balance (static ") and "flow balance: lambda = " in lines[at + 4]
+    adaptive = [r for r in rows if r["mode"] == "adaptive"]
+    assert all("baselines" not in r for r in rows if r["mode"] != "adaptive")
+    versus = adaptive[0]["baselines"]
+    assert list(versus) == ["best static", "paper optimum", "1:1", "flow balance"]
+    assert versus["paper optimum"]["label"] == "1:2" and versus["1:1"]["adaptive_over"] > 0
+    assert f"adaptive / 1:1 (static 1:2): {versus['1:1']['adaptive_over']:.3f}" in out
+    assert {"mu_p", "mu_d", "kv_d", "bound"} <= set(adaptive[0]["flow_balance"])
+
+
+def test_compare_says_when_a_workload_has_no_paper_optimum(capsys):
+    assert cli(["compare", "--preset", "math+general_agent", "--gpus", "48", "--groups-per-step", "2",
+                "--group-size", "2", "--steps", "1"]) == 0
+    assert "adaptive / paper optimum: - (no paper optimum for 'math+general_agent' (a mix of tasks" in (
+        capsys.readouterr().out)
 
 
 def test_cluster_split_counts_wide_decode():
