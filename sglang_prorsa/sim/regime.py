@@ -22,6 +22,7 @@ import math
 from operator import attrgetter, itemgetter
 
 from sglang_prorsa.policy.role_switch.capacity import Role
+from sglang_prorsa.policy.role_switch.theta import MAX_SAMPLE_S
 from sglang_prorsa.sim.requests import Rank, Request
 
 INF = math.inf
@@ -165,8 +166,12 @@ class RegimeStepper:
                 prefilled.sort(key=_iteration)
             for it, req in prefilled:
                 self._on_prefilled(self, req, start + it * period)
-            if self._busy is not None and not any(map(prefill_queue, self.ranks)):
-                self._close_busy()
+            if self._busy is not None:
+                if not any(map(prefill_queue, self.ranks)):
+                    self._close_busy()
+                elif self._busy[4] >= MAX_SAMPLE_S:  # still busy: report this slice, the next starts now
+                    self._close_busy()
+                    self._busy = [self.t, 0, 0, 0, 0.0]
         if decoded:
             if len(decoded) > 1:
                 decoded.sort(key=_iteration)

@@ -16,8 +16,8 @@ What the server fills in (every field but the first two is optional; the simulat
   trajectories (tracker); ``paused``; ``burst_prefill_tokens`` / ``burst_in_s`` for known bursts.
   InstanceReport: the paper's fields, plus running / queued requests, ``max_running_requests``, prefix-cache tokens
   and capacity, ``last_switch_s``, ``generation_paused``.
-  ThetaSample: one per prefill busy interval (idle to idle) of an instance; ``busy_seconds`` = the DP ranks' busy
-  seconds over the rank count (theta.py).
+  ThetaSample: one per prefill busy interval (idle to idle, a long one in slices: theta.MAX_SAMPLE_S) of an instance;
+  ``busy_seconds`` = the DP ranks' busy seconds over the rank count (theta.py).
 
 A tick: θ^P for the forecast's mix from the θ model (theta.py; the cold part of Ŵ^P, e.g. re-prefill after a weight
 update, at cold θ), C^D_KV, K^D_t and G from the reports (capacity.py), Eq. 1's target (allocator.py), then the

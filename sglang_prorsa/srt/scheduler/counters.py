@@ -1,7 +1,7 @@
 """Per-instance counters kept in the scheduler process, reported as JSON and as Prometheus text.
 
 Busy intervals feed θ (paper §4.2): an interval runs from the first step with work on an idle instance until the
-instance is idle again; ``new_tokens`` are the prompt tokens the model actually ran in extend (prefill) passes, so
+instance is idle again, or, beyond the paper, for about ``theta.MAX_SAMPLE_S`` of a longer busy period (slices); ``new_tokens`` are the prompt tokens the model actually ran in extend (prefill) passes, so
 tokens loaded from the store or matched in the prefix cache are not in them (they are in ``cached_tokens``).
 
 Beyond the paper, two counters account for prompt work a busy switch could waste (issue 14's "none duplicated"):
@@ -19,6 +19,7 @@ import time
 from collections import OrderedDict, defaultdict, deque
 from typing import Any, Iterable
 
+from sglang_prorsa.policy.role_switch.theta import MAX_SAMPLE_S
 from sglang_prorsa.srt.common.messages import BusyInterval
 
 MAX_KEPT_INTERVALS = 256  # the most recent completed intervals, numbered; a reader asks for those after its last
@@ -33,7 +34,7 @@ class InstanceCounters:
             self._c[name] = 0.0
         self._busy_since: float | None = None
         self._new = self._cached = self._requests = 0
-        self._seen: set[str] = set()
+        self._seen: OrderedDict[str, None] = OrderedDict()  # rids counted in this busy period (bounded)
         self._done: deque[BusyInterval] = deque(maxlen=MAX_KEPT_INTERVALS)
         self._seq = 0
         self._computed: OrderedDict[str, int] = OrderedDict()  # rid -> prompt tokens computed here so far
@@ -52,7 +53,9 @@ class InstanceCounters:
             self._count_for(req.rid, int(n))
         for req in reqs:
             if req.rid not in self._seen:
-                self._seen.add(req.rid)
+                self._seen[req.rid] = None
+                if len(self._seen) > MAX_TRACKED_REQUESTS:  # a busy period's slices can go on for hours
+                    self._seen.popitem(last=False)
                 self._cached += int(req.cached_tokens)
                 self._requests += 1
 
@@ -78,19 +81,28 @@ class InstanceCounters:
         return n
 
     def observe_busy(self, busy: bool, role: str, now: float | None = None) -> None:
+        """Called at every poll. An idle instance that gets work opens an interval; idle again, it closes it. A busy
+        period longer than ``MAX_SAMPLE_S`` is closed in slices at the first poll past that long after a request was
+        seen, the next slice starting there (theta.py says why); a request spanning two slices counts in the first."""
         now = time.monotonic() if now is None else now
         if busy and self._busy_since is None:
             self._busy_since = now
         elif not busy and self._busy_since is not None:
-            seconds = now - self._busy_since
-            self._c["busy_intervals"] += 1
-            self._c["busy_seconds"] += seconds
-            self._done.append(BusyInterval(seq=self._seq, role=role, seconds=seconds, new_tokens=self._new,
-                                           cached_tokens=self._cached, requests=self._requests))
-            self._seq += 1
+            self._close(role, now)
             self._busy_since = None
-            self._new = self._cached = self._requests = 0
             self._seen.clear()
+        elif busy and self._busy_since is not None and self._requests and now - self._busy_since >= MAX_SAMPLE_S:
+            self._close(role, now)
+            self._busy_since = now
+
+    def _close(self, role: str, now: float) -> None:
+        seconds = now - self._busy_since if self._busy_since is not None else 0.0
+        self._c["busy_intervals"] += 1
+        self._c["busy_seconds"] += seconds
+        self._done.append(BusyInterval(seq=self._seq, role=role, seconds=seconds, new_tokens=self._new,
+                                       cached_tokens=self._cached, requests=self._requests))
+        self._seq += 1
+        self._new = self._cached = self._requests = 0
 
     def intervals_since(self, seq: int) -> list[BusyInterval]:
         return [i for i in self._done if i.seq > seq]

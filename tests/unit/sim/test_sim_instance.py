@@ -163,6 +163,18 @@ def test_prefill_instance_caches_prompts_and_reports_busy_intervals():
     assert inst.cached_tokens(0, "traj1") == 1500 and inst.n_requests == 0
 
 
+def test_a_saturated_prefill_instance_reports_busy_slices():
+    """Busy longer than theta.MAX_SAMPLE_S (10 s): the interval closes at the first completion past it, and the next
+    slice starts there. Each request is 60 chunks of 1,000 tokens at 0.1 s: done at 6, 12 and 18 s."""
+    log = Log()
+    inst = log.instance(perf(), role=Role.PREFILL)
+    for rid in (1, 2, 3):
+        inst.add_prefill(req(rid, 60_000, 1), 0, 0.0)
+    run(inst)
+    assert [rid for rid, _ in log.prefilled] == [1, 2, 3]
+    assert log.intervals == [(120_000, 0, 2, pytest.approx(12.0)), (60_000, 0, 1, pytest.approx(6.0))]
+
+
 def test_prefix_cache_lives_in_free_kv():
     log = Log()
     inst = log.instance(perf(kv=3000))
