@@ -34,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_sim_speed import export  # noqa: E402  (the baseline tree, as the speed benchmark builds it)
 
+from sglang_prorsa.sim.metrics import interval95  # noqa: E402  (the grid's 95 % t-interval of the mean)
+
 ONE_RUN = """
 import json, sys
 from sglang_prorsa.sim.config import ClusterConfig, RolloutConfig, load_model
@@ -57,13 +59,6 @@ def run_one(tree: Path, spec: dict) -> dict:
     out = subprocess.run([sys.executable, "-c", ONE_RUN, json.dumps(spec)], env=env, cwd=tempfile.gettempdir(),
                          check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def interval95(values: list[float]) -> list[float] | None:
-    """95 % t-interval of the mean (the grid's, ``sim/metrics.interval95``; imported from the working tree)."""
-    from sglang_prorsa.sim.metrics import interval95 as grid_interval95
-
-    return grid_interval95(values)
 
 
 def best_static(static: dict[int, list[float | None]]) -> int:

@@ -46,6 +46,7 @@ PAPER_TEXT = Path("/work/shared/paper/prorsa-2610.16592.txt")
 MODELS = ("mimo_v25_pro", "deepseek_v32", "qwen3_235b")
 TOLERANCE = 0.20  # a single paper value agrees with ours within +-20 %
 MAGNITUDE = 10.0  # "an order of magnitude apart"
+WAPE_BAR = 2.0  # decode-admission WAPE within this factor of the same cell's prefill WAPE
 SHORT = {"mimo_v25_pro": "mimo", "deepseek_v32": "deepseek", "qwen3_235b": "qwen3", "math": "math",
          "coding_agent": "coding", "general_agent": "general"}
 # Quantities with a pivot at 1: which side of it says which system is faster.
@@ -367,7 +368,23 @@ def build_report(numbers: dict, explanations: dict, grids: dict[str, dict]) -> d
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
-    return {"rows": rows, "counts": counts, "tolerance": TOLERANCE}
+    return {"rows": rows, "counts": counts, "tolerance": TOLERANCE, "wape_cells": wape_cells(grids)}
+
+
+def wape_cells(grids: dict[str, dict]) -> list[dict]:
+    """Every grid row with both forecast errors: decode-admission WAPE against prefill WAPE of the same cell and load
+    (the issue's bar: decode within ``WAPE_BAR`` x prefill)."""
+    out = []
+    for model, grid in grids.items():
+        for (task, k, shape), rows in sorted(index_rows(grid).items()):
+            for r in rows:
+                p, d = r.get("wape_prefill"), r.get("wape_decode")
+                if shape != "same" or not _finite(p) or not _finite(d) or p <= 0:
+                    continue
+                out.append({"cell": cell_label(model, task, k, r["groups"]), "model": model, "task": task,
+                            "staleness": k, "groups": r["groups"], "prefill": p, "decode": d, "ratio": d / p,
+                            "within": d <= WAPE_BAR * p, "seeds": r.get("seeds")})
+    return out
 
 
 VERDICT_ORDER = ("agree", "disagree-explained", "disagree-unexplained", "not run", "not measured",
@@ -437,11 +454,32 @@ def markdown(report: dict, grids: dict[str, dict], command: str, wall: dict[str,
                                                                              or "none") + ".", "",
               "Cells missing from the grids (rows that cover them show only the cells that ran, or *not run*):", ""]
     lines += [f"- `{x}`" for x in not_run] or ["- none"]
+    lines += _wape_section(report.get("wape_cells") or [])
     lines += ["", "## Quotes", "", "| entry | line | quote | note |", "|---|---|---|---|"]
     for r in report["rows"]:
         lines.append(f"| `{r['id']}` | {r['line']} | \"{r['quote']}\" | {r['note'] or '-'} |")
     lines += ["", "![paper vs ours](paper_vs_ours.png)", ""]
     return "\n".join(lines)
+
+
+def _wape_section(cells: list[dict]) -> list[str]:
+    if not cells:
+        return []
+    within = sum(c["within"] for c in cells)
+    agentic = [c for c in cells if c["task"] != "math"]
+    lines = ["", "## Decode-admission WAPE beside prefill WAPE, per cell", "",
+             f"Decode within {WAPE_BAR:g}x of prefill in **{within} of {len(cells)}** cells and loads (the adaptive "
+             "runs' forecast against what happened, every 10 s window, mean over the seeds)."]
+    if agentic:
+        lines.append(f"Agentic cells (what the paper's Figure 8 reports, for MiMo-V2.5-Pro): prefill "
+                     f"{100 * min(c['prefill'] for c in agentic):.1f}-{100 * max(c['prefill'] for c in agentic):.1f} %, "
+                     f"decode {100 * min(c['decode'] for c in agentic):.1f}-"
+                     f"{100 * max(c['decode'] for c in agentic):.1f} %.")
+    lines += ["", "| cell | seeds | prefill WAPE | decode WAPE | decode / prefill | within |", "|---|---|---|---|---|---|"]
+    for c in cells:
+        lines.append(f"| {c['cell']} | {c['seeds'] or '-'} | {100 * c['prefill']:.1f} % | {100 * c['decode']:.1f} % | "
+                     f"{c['ratio']:.2f} | {'yes' if c['within'] else '**no**'} |")
+    return lines
 
 
 def _regenerate(grids: dict[str, dict]) -> list[str]:
@@ -552,17 +590,46 @@ def load_grids(specs: list[str]) -> dict[str, dict]:
 
 
 def merge(a: dict, b: dict) -> dict:
+    """The rows of both grids; a cell and load in both is the first grid's row, with the columns only the second
+    has added (``filled_from``: which, and that grid's seeds): a later, smaller run can measure a quantity the
+    first did not record without replacing the rows it did."""
     out = dict(a)
     for key in ("rows", "wide"):
-        seen = {(r["preset"], r["staleness"], r["groups"], r.get("decode_shape", "same")) for r in a.get(key) or []}
-        out[key] = list(a.get(key) or []) + [r for r in b.get(key) or []
-                                             if (r["preset"], r["staleness"], r["groups"],
-                                                 r.get("decode_shape", "same")) not in seen]
+        mine = {_row_key(r): dict(r) for r in a.get(key) or []}
+        extra = []
+        for r in b.get(key) or []:
+            first = mine.get(_row_key(r))
+            if first is None:
+                extra.append(r)
+                continue
+            added = _fill(first, r)
+            if added:
+                first["filled_from"] = first.get("filled_from", []) + [{"columns": added, "seeds": r.get("seeds")}]
+        out[key] = list(mine.values()) + extra
     if a.get("rows") and b.get("rows"):
         _mark_gpu_bound(out["rows"])
     out["merged_from"] = a.get("merged_from", []) + b.get("merged_from", [b.get("args", {})])
     out["wall_s"] = a.get("wall_s", 0.0) + b.get("wall_s", 0.0)
     return out
+
+
+def _fill(first: dict, later: dict, prefix: str = "") -> list[str]:
+    """Copy into ``first`` what only ``later`` has: absent or None values, recursing into dicts both have (a mode's
+    entry of a per-mode column). Returns the dotted paths filled."""
+    filled = []
+    for key, value in later.items():
+        mine = first.get(key)
+        if isinstance(mine, dict) and isinstance(value, dict):
+            first[key] = dict(mine)
+            filled += _fill(first[key], value, f"{prefix}{key}.")
+        elif mine is None and value is not None:
+            first[key] = value
+            filled.append(prefix + key)
+    return filled
+
+
+def _row_key(r: dict) -> tuple:
+    return r["preset"], r["staleness"], r["groups"], r.get("decode_shape", "same")
 
 
 def _mark_gpu_bound(rows: list[dict]) -> None:

@@ -30,50 +30,25 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from sglang_prorsa.sim.profiling import PARTS  # the control plane's parts, as the child processes time them
+
 ROOT = Path(__file__).resolve().parents[1]
 MODES = (("adaptive", 0), ("static", 4), ("colocated", 0))
 ONE_RUN = """
 import json, sys, time
 from sglang_prorsa.sim.config import ClusterConfig, RolloutConfig, load_model
 from sglang_prorsa.sim.runner import simulate
-from sglang_prorsa.policy.control_plane import LifecycleControlPlane
-from sglang_prorsa.policy.role_switch.controller import RoleSwitchController
+from sglang_prorsa.sim.profiling import ControlPlaneTimer
 
-spent = {"ingest": 0.0, "refresh": 0.0, "controller": 0.0}
-counted = {"events": 0, "refreshes": 0}
-
-
-def timed(cls, name, part, count=None):
-    inner = getattr(cls, name)
-
-    def wrapper(*args, **kwargs):
-        start = time.process_time()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            spent[part] += time.process_time() - start
-            if count == "events":
-                counted["events"] += len(args[1])
-            elif count:
-                counted[count] += 1
-
-    setattr(cls, name, wrapper)
-
-
-timed(LifecycleControlPlane, "ingest", "ingest", "events")
-timed(LifecycleControlPlane, "tick", "refresh", "refreshes")
-timed(LifecycleControlPlane, "forecast", "refresh")
-timed(RoleSwitchController, "tick", "controller")
-timed(RoleSwitchController, "observe", "controller")
+timer = ControlPlaneTimer("events").install()
 mode, p, hours = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 rollout = RolloutConfig(preset="coding_agent", staleness=2, group_size=32, groups_per_step=8, steps=10_000)
 cluster = ClusterConfig(gpus=128, mode=mode, prefill_instances=p, max_sim_s=3600.0 * hours)
 cpu0, wall0 = time.process_time(), time.perf_counter()
 r = simulate(load_model("mimo_v25_pro"), cluster, rollout)
 print(json.dumps({"cpu_s": time.process_time() - cpu0, "wall_s": time.perf_counter() - wall0, "sim_s": r.makespan_s,
-                  "sim_events": r.events, "switches": r.switches} | spent | counted))
+                  "sim_events": r.events, "switches": r.switches} | timer.report()))
 """
-PARTS = ("ingest", "refresh", "controller")
 
 
 def measure(mode: str, p: int, hours: float) -> dict:

@@ -41,6 +41,7 @@ from tqdm import tqdm
 from sglang_prorsa.sim import baselines, plots
 from sglang_prorsa.sim.config import ClusterConfig, RolloutConfig, assumed_parameters, load_model
 from sglang_prorsa.sim.metrics import interval95
+from sglang_prorsa.sim.paper import paper_optima_text
 from sglang_prorsa.sim.report import DEFAULT_GRID
 from sglang_prorsa.sim.runner import simulate, static_ratios
 from sglang_prorsa.sim.trainer import clear_plan_cache
@@ -60,7 +61,7 @@ PAPER = {  # the paper's reported ranges, for the printed comparison (§5.2, §5
     "math normalised step time": "0.86-1.28",
     "switching over best static": "1.0x-1.44x (MiMo-V2.5-Pro)",
     "WAPE": "prefill 5.40-14.37 %, decode 5.19-13.69 %",
-    "best static ratios (8 instances)": "math 4:4, coding 5:3, general 3:5",
+    "best static ratios (8 instances)": paper_optima_text(),
 }
 
 
@@ -151,6 +152,7 @@ def summarise(runs: dict[Job, dict], preset: str, staleness: int, groups: int, s
     statics = {p: mean(of("static", p)) for p in ratios}
     best = min(statics, key=lambda p: statics[p] if statics[p] == statics[p] else float("inf"))  # NaN last
     colo, adaptive, best_runs = of("colocated"), of("adaptive"), of("static", best)
+    by_mode = (("colocated", colo), ("best static", best_runs), ("adaptive", adaptive))
     per_seed = [a["steady_step_s"] / b["steady_step_s"] if b["steady_step_s"] > 0 else float("nan")
                 for a, b in zip(adaptive, best_runs)]
     steps = [len(r["step_times_s"]) for r in adaptive]
@@ -172,17 +174,18 @@ def summarise(runs: dict[Job, dict], preset: str, staleness: int, groups: int, s
         if any(r["wape_prefill"] is not None for r in adaptive) else None,
         "wape_decode": statistics.fmean(r["wape_decode"] for r in adaptive if r["wape_decode"] is not None)
         if any(r["wape_decode"] is not None for r in adaptive) else None,
-        "interference": {m: statistics.fmean(r["interference_idle_ratio"] for r in rs)
-                         for m, rs in (("colocated", colo), ("best static", best_runs), ("adaptive", adaptive))},
-        "imbalance": {m: statistics.fmean(r["imbalance_idle_ratio"] for r in rs)
-                      for m, rs in (("colocated", colo), ("best static", best_runs), ("adaptive", adaptive))},
-        "gpu_idle": {m: statistics.fmean(r["gpu_idle_ratio"] for r in rs)
-                     for m, rs in (("colocated", colo), ("best static", best_runs), ("adaptive", adaptive))},
-        "prefix_hit": {m: statistics.fmean(r["prefix_hit_ratio"] for r in rs)
-                       for m, rs in (("colocated", colo), ("best static", best_runs), ("adaptive", adaptive))},
+        "interference": {m: statistics.fmean(r["interference_idle_ratio"] for r in rs) for m, rs in by_mode},
+        "imbalance": {m: statistics.fmean(r["imbalance_idle_ratio"] for r in rs) for m, rs in by_mode},
+        "gpu_idle": {m: statistics.fmean(r["gpu_idle_ratio"] for r in rs) for m, rs in by_mode},
+        "prefix_hit": {m: statistics.fmean(r["prefix_hit_ratio"] for r in rs) for m, rs in by_mode},
         "completion_mean_s": {m: statistics.fmean(r["completion_mean_s"] or 0 for r in rs)
                               if all("completion_mean_s" in r for r in rs) else None  # reused runs may lack it
-                              for m, rs in (("colocated", colo), ("best static", best_runs), ("adaptive", adaptive))},
+                              for m, rs in by_mode},
+        # Trajectory time outside the engines (the workload's tools, sandbox, reward) and inside them
+        **{f"completion_{part}_s": {m: statistics.fmean(r[f"completion_{part}_mean_s"] for r in rs)
+                                    if all(r.get(f"completion_{part}_mean_s") is not None for r in rs) else None
+                                    for m, rs in by_mode}
+           for part in ("environment", "engine")},
         "hold_reasons": _sum_dicts(r["hold_reasons"] for r in adaptive),
         **({"baselines": _versus(picks, statics, mean(adaptive))} if picks is not None else {}),
         "cpu_s": sum(r["cpu_s"] for r in runs.values()
@@ -232,10 +235,20 @@ def mark_gpu_bound(rows: list[dict]) -> None:
             r["gpu_bound"] = half is not None and r["growth_over_half_load"] >= GPU_BOUND_GROWTH
 
 
+def grid_ratios(args, picks: dict, shape: str = "same") -> list[int]:
+    """The static splits to run: every one, or ``--ratios`` and each baseline's pick."""
+    every = static_ratios(load_model(args.model), ClusterConfig(gpus=args.gpus, mode="static", decode_shape=shape))
+    if not args.ratios:
+        return every
+    wanted = set(args.ratios) | {b.prefill_instances for p in picks.values() for name, b in p.items()
+                                 if name in baselines.BASELINES and b.prefill_instances is not None}
+    return [p for p in every if p in wanted]
+
+
 def run_grid(args, opts: dict) -> dict:
-    model = load_model(args.model)
     seeds = list(range(args.seed, args.seed + args.seeds))
-    ratios = static_ratios(model, ClusterConfig(gpus=args.gpus, mode="static"))
+    picks = {p: cell_baselines(args, p) for p in args.presets}
+    ratios = grid_ratios(args, picks)
     cells = [(p, k) for p in args.presets for k in args.staleness]
     jobs, plan = [], []
     for p, k in cells:
@@ -246,7 +259,6 @@ def run_grid(args, opts: dict) -> dict:
             plan.append((p, k, g))
     runs = _map(jobs, opts, f"{args.model} grid")
     _checkpoint(args.out / "runs_grid.json", runs)
-    picks = {p: cell_baselines(args, p) for p in args.presets}
     rows = [summarise(runs, p, k, g, seeds, ratios, picks=picks[p]) for p, k, g in plan]
     mark_gpu_bound(rows)
     series = {f"{j.preset}/{'sync' if j.staleness == 0 else f'stale{j.staleness}'}": r
@@ -292,6 +304,7 @@ def _slim(job: Job, r: dict) -> dict:
     keep = ("mode", "prefill_instances", "decode_instances", "seed", "steady_step_s", "step_times_s", "switches",
             "switches_paid", "interference_idle_ratio", "imbalance_idle_ratio", "gpu_idle_ratio", "prefix_hit_ratio",
             "wape_prefill", "wape_decode", "cpu_s", "wall_s", "retractions", "switches_per_step", "completion_mean_s",
+            "completion_environment_mean_s", "completion_engine_mean_s",
             "hold_reasons")
     return {"preset": job.preset, "staleness": job.staleness, "groups": job.groups} | {k: r[k] for k in keep if k in r}
 
@@ -376,9 +389,14 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.seed < 0 or any(k < 0 for k in args.staleness) or not args.max_sim_s > 0:
         ap.error("--seed and --staleness must be >= 0 and --max-sim-s > 0")
     try:
-        load_model(args.model)
+        model = load_model(args.model)
     except FileNotFoundError as exc:
         ap.error(f"--model: {exc}")
+    splits = static_ratios(model, ClusterConfig(gpus=args.gpus, mode="static"))
+    bad = [p for p in args.ratios if p not in splits]
+    if bad:
+        ap.error(f"--ratios {bad[0]}: not a static split of {args.gpus} GPUs for {args.model} "
+                 f"(prefill instances {splits[0]}-{splits[-1]})")
     loads = {}
     for item in args.loads:
         key, eq, values = item.partition("=")
@@ -415,6 +433,10 @@ def main() -> None:
     ap.add_argument("--loads", nargs="*", default=[],
                     help="override per task or per task and staleness, e.g. math=16,32 coding_agent/8=4,8")
     ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--ratios", nargs="+", type=int, default=[], metavar="P",
+                    help="static runs only at these prefill-instance counts (plus each baseline's pick), not at "
+                         "every split: for many seeds of a model with many splits; the best static is then the "
+                         "best of these")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sync-steps", type=int, default=1)
     ap.add_argument("--async-measured", type=int, default=6,

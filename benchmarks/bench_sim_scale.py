@@ -33,52 +33,27 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from sglang_prorsa.sim.profiling import PARTS  # the control plane's parts, as the child processes time them
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 MODES = ("colocated", "static", "adaptive")
-PARTS = ("ingest", "refresh", "controller")
 BASE_GPUS, BASE_GROUPS, BASE_PREFILL = 128, 8, 4  # bench_sim_speed.py's cluster, load and static split
 QUICK = {"gpus": [128, 256], "sim_hours": 0.05, "repeats": 1}
 ONE_RUN = """
 import json, sys, time
 from sglang_prorsa.sim.config import ClusterConfig, RolloutConfig, load_model
 from sglang_prorsa.sim.runner import simulate
-from sglang_prorsa.policy.control_plane import LifecycleControlPlane
-from sglang_prorsa.policy.role_switch.controller import RoleSwitchController
+from sglang_prorsa.sim.profiling import ControlPlaneTimer
 
-spent = {"ingest": 0.0, "refresh": 0.0, "controller": 0.0}
-counted = {"lifecycle_events": 0, "refreshes": 0}
-
-
-def timed(cls, name, part, count=None):
-    inner = getattr(cls, name)
-
-    def wrapper(*args, **kwargs):
-        start = time.process_time()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            spent[part] += time.process_time() - start
-            if count == "lifecycle_events":
-                counted[count] += len(args[1])
-            elif count:
-                counted[count] += 1
-
-    setattr(cls, name, wrapper)
-
-
-timed(LifecycleControlPlane, "ingest", "ingest", "lifecycle_events")
-timed(LifecycleControlPlane, "tick", "refresh", "refreshes")
-timed(LifecycleControlPlane, "forecast", "refresh")
-timed(RoleSwitchController, "tick", "controller")
-timed(RoleSwitchController, "observe", "controller")
+timer = ControlPlaneTimer("lifecycle_events").install()
 mode, gpus, p, groups, hours = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 rollout = RolloutConfig(preset="coding_agent", staleness=2, group_size=32, groups_per_step=groups, steps=10_000)
 cluster = ClusterConfig(gpus=gpus, mode=mode, prefill_instances=p, max_sim_s=3600.0 * hours)
 cpu0, wall0 = time.process_time(), time.perf_counter()
 r = simulate(load_model("mimo_v25_pro"), cluster, rollout)
 print(json.dumps({"cpu_s": time.process_time() - cpu0, "wall_s": time.perf_counter() - wall0, "sim_s": r.makespan_s,
-                  "events": r.events, "switches": r.switches, "steps": r.steps_done} | spent | counted))
+                  "events": r.events, "switches": r.switches, "steps": r.steps_done} | timer.report()))
 """
 
 

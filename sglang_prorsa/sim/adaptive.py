@@ -21,7 +21,10 @@ the workload's own plans) and the instance's DP ranks working in parallel (x / �
 One addition, outside the control plane: the lifecycle state machine has no event for a request that is prefilled a
 second time while its trajectory is in decode (re-prefill after an async weight update; §3.1). Those tokens are
 real prefill demand the tracker cannot see, so the driver adds the engines' untracked re-prefill backlog to Ŵ^P, as
-the cold part of it (no prefix cache survives a weight update). The same requests report no prefill_finished.
+the cold part of it (no prefix cache survives a weight update). The same requests report no prefill_finished. Each
+returns to decode once prefilled, so the same tokens are decode KV still owed (``decode_kv_returning``): without it
+a weight update that empties decode read as decode having room to give, and the planner moved a third of the decode
+instances to prefill for the burst and back half a minute later (the Qwen3-like coding agent at staleness 2).
 """
 
 from __future__ import annotations
@@ -199,6 +202,7 @@ class ControlPlaneDriver:
         burst = float(cluster.reprefill_tokens()) if update_at is not None else 0.0
         decision = self.controller.tick(ControlInputs(
             forecast.prefill_tokens + untracked, forecast.decode_kv_tokens, cold_prefill_tokens=untracked,
+            decode_kv_returning=untracked,
             prefill_backlog_tokens=min(forecast.prefill_tokens, forecast.sources.backlog) + untracked,
             decode_requests_forecast=requests, working_set_tokens=working_set, burst_prefill_tokens=burst,
             burst_in_s=max(0.0, update_at - t) if update_at is not None else None), reports)

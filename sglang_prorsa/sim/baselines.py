@@ -71,13 +71,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from sglang_prorsa.sim.config import ClusterConfig, ModelConfig, RolloutConfig, Shape
+from sglang_prorsa.sim.paper import PAPER_OPTIMA
 from sglang_prorsa.sim.runner import static_ratios
 from sglang_prorsa.sim.workloads import workload_tasks
 from sglang_prorsa.workload.generator import WorkloadGenerator
 from sglang_prorsa.workload.presets import TaskProfile
 
 # The paper's best static prefill:decode ratios for MiMo-V2.5-Pro on 8 instances (see the module docstring).
-PAPER_OPTIMA: dict[str, tuple[int, int]] = {"math": (4, 4), "coding_agent": (5, 3), "general_agent": (3, 5)}
 BASELINES = ("paper optimum", "1:1", "flow balance")
 MEANS_TRAJECTORIES = 1000  # sampled trajectory plans per task for the workload's means
 MEANS_SEED = 0  # the same means whatever a run's seed

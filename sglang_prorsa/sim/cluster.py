@@ -41,6 +41,7 @@ from sglang_prorsa.sim.events import EventQueue
 from sglang_prorsa.sim.instance import INF, Instance, Rank, Request
 from sglang_prorsa.sim.lifecycle_sink import Lifecycle
 from sglang_prorsa.sim.perf_model import PerfModel
+from sglang_prorsa.sim.routing_index import RoutingIndex
 from sglang_prorsa.sim.trainer import Trainer, TrajectoryRun
 
 BALANCE_ABS, BALANCE_REL = 64, 1.5  # sglang-router cache_aware defaults (--balance-abs/rel-threshold)
@@ -60,7 +61,8 @@ class Cluster:
         p, d = cluster.split(model)
         roles = [None] * d if self.colocated else [Role.PREFILL] * p + [Role.DECODE] * d
         self.instances = [self._new_instance(role) for role in roles]
-        self._pools: tuple[list[Instance], list[Instance]] | None = None  # see _routing_pools
+        self._pools: RoutingIndex | None = None  # see _routing_pools
+        self._dirty: tuple[set[Instance], set[Instance]] = (set(), set())  # see _touch
         self.retired: list[Instance] = []  # regrouped away; kept for the GPU-time accounting
         self._rng = random.Random(f"{rollout.seed}/bootstrap-room")
         self._rid = itertools.count()
@@ -101,6 +103,7 @@ class Cluster:
         for inst in self._active():
             inst.advance(t)
             waiting, decoding = inst.evict_all()
+            self._touch(inst)
             if inst.role is Role.DECODE:
                 moved += waiting + decoding  # prefilled with the old weights: prefill again
             else:
@@ -135,6 +138,7 @@ class Cluster:
             return
         for inst in self.instances:
             inst.advance(t)
+            self._touch(inst)
             if inst.remove(req):
                 self._plan(inst)
                 return
@@ -146,24 +150,28 @@ class Cluster:
     def _switching(self) -> list[Instance]:
         return [i for i in self.instances if i.status is not InstanceStatus.ACTIVE]
 
-    def _routing_pools(self) -> tuple[list[Instance], list[Instance]]:
-        """(prefill pool, active decode instances) in instance order. Every request is routed and placed through
-        them, so they are kept until a role switch changes an instance's role or status (``_pools = None``)."""
+    def _routing_pools(self) -> RoutingIndex:
+        """The prefill pool and the active decode instances (in instance order), indexed by load (routing_index.py)
+        so that routing a request costs no scan of the cluster. Rebuilt when a role switch changes an instance's
+        role or status (``_pools = None``); between switches, kept current through ``_touch``."""
         if self._pools is None:
-            self._pools = (self._active(None if self.colocated else Role.PREFILL), self._active(Role.DECODE))
+            self._pools = RoutingIndex(self._active(None if self.colocated else Role.PREFILL), self._active(Role.DECODE),
+                                       self._dirty)
         return self._pools
+
+    def _touch(self, inst: Instance) -> None:
+        """``inst``'s requests or ranks changed: the routing index re-reads its load at the next query. Called after
+        every change (``_plan`` after most), and at the start of the instance callbacks, which run inside its own
+        ``advance`` once its completions are applied and may route before ``advance`` returns."""
+        self._dirty[inst.role is Role.DECODE].add(inst)
 
     def _route(self, run: TrajectoryRun | None) -> tuple[Instance, int]:
         """(instance, rank) for the next prefill of ``run`` (None: no cache to look for)."""
         home = run.home if run is not None else None
-        least, home_in_pool = None, False
-        for inst in self._routing_pools()[0]:  # the least loaded: fewest requests, then queued tokens, then id
-            if home is not None and inst is home[0]:
-                home_in_pool = True
-            if least is None or inst.n_requests < least.n_requests or inst.n_requests == least.n_requests and \
-                    (inst.prefill_left, inst.iid) < (least.prefill_left, least.iid):
-                least = inst
-        if home_in_pool and home[0] is not least:
+        pools = self._routing_pools()
+        least = pools.least_loaded()  # fewest requests, then queued tokens, then id
+        assert least is not None, "no instance to route to"
+        if home is not None and home[0] is not least and pools.in_prefill_pool(home[0]):
             h, m = home[0].n_requests, least.n_requests
             if not (h - m > BALANCE_ABS and h > BALANCE_REL * m):
                 least = home[0]
@@ -178,6 +186,7 @@ class Cluster:
     def _add_prefill(self, inst: Instance, req: Request, rank: int, t: float) -> None:
         if inst.prefilling(rank):  # joins the queue behind work the current regime already accounts for
             inst.add_prefill(req, rank, t)
+            self._touch(inst)
             return
         inst.advance(t)
         inst.add_prefill(req, rank, t)
@@ -224,20 +233,11 @@ class Cluster:
     def _try_place(self, req: Request, t: float) -> bool:
         """Admit ``req`` on the decode rank with the fewest running requests, then the least loaded instance, then the
         lowest rank index, among those with a slot and KV for it now."""
-        tokens = req.context
-        best, best_key = None, None
-        for inst in self._routing_pools()[1]:
-            n = inst.n_requests
-            if n >= inst.slots * len(inst.ranks):  # every slot taken (queues form only then)
-                continue
-            # the instance's least (busy, index), the same order as (busy, n, index), among ranks that could still win
-            limit = INF if best_key is None else best_key[0] if n <= best_key[1] else best_key[0] - 1
-            rank = inst.best_rank(tokens, limit)
-            if rank is not None and (best_key is None or (rank[0], n, rank[1]) < best_key):
-                best, best_key = inst, (rank[0], n, rank[1])
-        if best is None:
+        where = self._routing_pools().place(req.context)  # ties: the first in instance order
+        if where is None:
             return False
-        best.add_decode(req, best_key[2], t)  # admitted at once: a reservation, the regime is unchanged
+        where[0].add_decode(req, where[1], t)  # admitted at once: a reservation, the regime is unchanged
+        self._touch(where[0])
         return True
 
     def _drain(self, t: float) -> None:
@@ -272,6 +272,7 @@ class Cluster:
     # ----- instance callbacks -----
     def _prefilled(self, inst: Instance, req: Request, t: float) -> None:
         run: TrajectoryRun = req.owner
+        self._touch(inst)  # called from inst.advance, which has changed its load
         self.lifecycle.prefill_finished(inst.iid, req, t)
         self._untracked.discard(req)
         self.prefill_tokens += req.prompt
@@ -284,6 +285,7 @@ class Cluster:
 
     def _decoded(self, inst: Instance, req: Request, t: float) -> None:
         run: TrajectoryRun = req.owner
+        self._touch(inst)  # called from inst.advance, which has changed its load
         run.request = None
         self.lifecycle.decode_finished(run, t)
         self.trainer.on_decoded(run, t)
@@ -298,8 +300,10 @@ class Cluster:
             self._plan(inst)
 
     def _plan(self, inst: Instance) -> None:
+        """Plan ``inst``'s next regime (it may retract requests) after a change to it, and ``_touch`` it."""
         before = inst.wake_at
         end = inst.plan()
+        self._dirty[inst.role is Role.DECODE].add(inst)  # _touch, inlined (hot)
         if end < INF and end != before:
             self.events.at(end, partial(self._wake, inst, end))
 
@@ -307,6 +311,7 @@ class Cluster:
         if inst.wake_at == end:
             inst.advance(t)
             end = inst.plan()  # _plan inlined (the hottest path): this event was the one pending
+            self._dirty[inst.role is Role.DECODE].add(inst)  # _touch, inlined
             if end < INF:
                 self.events.at(end, partial(self._wake, inst, end))
 

@@ -80,6 +80,16 @@ class SimResult:
     batch: int = 0  # trajectories per training step
     finish_times: list[float] = field(default_factory=list)  # reward end of every finished trajectory, sorted
     hold_reasons: dict[str, int] = field(default_factory=dict)  # adaptive: ticks per planner verdict
+    # Of completion_mean_s: the mean time finished trajectories spent outside the engines (tools, sandbox, reward:
+    # the workload's inputs, trainer.TrajectoryRun.environment_s); the rest is engine time.
+    completion_environment_mean_s: float | None = None
+
+    @property
+    def completion_engine_mean_s(self) -> float | None:
+        """Mean engine part of a finished trajectory's time: queues, prefill, KV transfer, decode."""
+        if self.completion_mean_s is None or self.completion_environment_mean_s is None:
+            return None
+        return self.completion_mean_s - self.completion_environment_mean_s
 
     @property
     def mean_step_s(self) -> float:
@@ -114,6 +124,7 @@ class SimResult:
         out["mean_step_s"] = self.mean_step_s
         out["label"] = self.label
         out["sim_gpu_hours_per_wall_s"] = self.sim_gpu_hours_per_wall_s
+        out["completion_engine_mean_s"] = self.completion_engine_mean_s
         return out
 
 

@@ -8,6 +8,7 @@ chosen per cell here); ``seeds`` repeats a configuration over seeds.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -63,7 +64,8 @@ def simulate(model: ModelConfig, cluster_cfg: ClusterConfig, rollout: RolloutCon
     for inst in instances:
         inst.advance(makespan)
     idle = idle_ratios(instances, cluster_cfg.gpus, makespan)
-    durations = [r.finished_at - r.launched_at for r in trainer.runs if r.finished_at is not None]
+    finished = [r for r in trainer.runs if r.finished_at is not None]
+    durations = [r.finished_at - r.launched_at for r in finished]
     mean, p50, p90 = completion_stats(durations)
     wape = driver.cp.predictor.accuracy.summary() if driver else None
     windows = window_dicts(driver.windows) if driver else []
@@ -93,6 +95,7 @@ def simulate(model: ModelConfig, cluster_cfg: ClusterConfig, rollout: RolloutCon
         theta_samples=driver.theta.samples if driver else 0,
         batch=rollout.batch, finish_times=sorted(r.finished_at for r in trainer.runs if r.finished_at is not None),
         hold_reasons=dict(Counter(str(d["hold"]) for d in driver.decisions)) if driver else {},
+        completion_environment_mean_s=statistics.fmean(r.environment_s for r in finished) if finished else None,
     )
 
 

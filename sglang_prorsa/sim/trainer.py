@@ -79,6 +79,20 @@ class TrajectoryRun:
     def live(self) -> bool:
         return self.finished_at is None and not self.dropped
 
+    @property
+    def environment_s(self) -> float:
+        """Seconds of a finished run spent outside the engines, as this module plays the plan: dispatch, sandbox
+        start and first request, each tool call with its hint delay and agent overhead, the reward. Fixed by the plan
+        (the workload's inputs), whatever the cluster; the rest of the completion time is the engines' (queues,
+        prefill, transfer, decode)."""
+        p = self.plan
+        total = p.dispatch_s if p.sandbox_mode is None else p.dispatch_s + p.startup_s + p.first_request_s
+        for turn in p.turns:  # on_decoded: a turn without a tool call goes to reward and ends the run
+            if turn.tool is None:
+                return total + HINT_DELAY_S + p.reward_s
+            total += HINT_DELAY_S + turn.tool_s + turn.agent_overhead_s
+        return total  # not reached by a plan the generator draws (its last turn has no tool)
+
     def event(self, kind: EventKind, t: float, **fields) -> LifecycleEvent:
         p = self.plan
         return LifecycleEvent(p.trajectory_id, kind, ts=t, group_id=p.group_id, task=p.task, **fields)

@@ -10,8 +10,9 @@ Interface for the server (pure; the clock is injected)::
 
 What the server fills in (every field but the first two is optional; the simulator, sim/adaptive.py, fills all):
   ControlInputs: ``prefill_tokens_forecast`` = Ŵ^P (+ any re-prefill backlog the tracker cannot see, also given as
-  ``cold_prefill_tokens``); ``decode_kv_forecast`` = K̂^D; ``prefill_backlog_tokens`` = the forecast's observed
-  backlog (ready + in flight, ``sources.backlog``) plus the cold part; ``decode_requests_forecast`` = requests
+  ``cold_prefill_tokens``, and as ``decode_kv_returning``: those contexts come back to decode);
+  ``decode_kv_forecast`` = K̂^D; ``prefill_backlog_tokens`` = the forecast's observed backlog (ready + in flight,
+  ``sources.backlog``) plus the cold part; ``decode_requests_forecast`` = requests
   predicted to enter decode (admission tokens / mean prompt); ``working_set_tokens`` = context tokens of the live
   trajectories (tracker); ``paused``; ``burst_prefill_tokens`` / ``burst_in_s`` for known bursts.
   InstanceReport: the paper's fields, plus running / queued requests, ``max_running_requests``, prefix-cache tokens
@@ -28,8 +29,10 @@ used for Eq. 1, the windows and the cost/gain integration alike.
 Beyond the paper (§4.2 switches toward every new target): demand smoothing (exponential, weight ``smoothing`` on the
 newest reading; rises pass at once), backlog vs arrivals, bursts announced ahead, the decode slot demand
 (capacity.decode_slot_demand), prefix-cache pressure on prefill donors, what decode holds now (``decode_held``:
-the planner's test for both stages being short), ``paused`` (hold: demand read while the
-trainer paused generation is not demand), and the planner's need / hysteresis / dwell / cost conditions.
+the planner's test for both stages being short; with it the KV of contexts away for a re-prefill, so that a
+weight update that empties decode for a moment does not read as decode having room to give), ``paused`` (hold:
+demand read while the trainer paused generation is not demand), and the planner's need / hysteresis / dwell / cost
+conditions.
 
 A tick that cannot be decided raises ``CannotDecide`` (capacity.py) with a code: ``too_few_instances`` (the healthy
 GPUs cannot hold one instance per role: a front whose instances have not attached yet) or ``no_decode_capacity`` (no
@@ -97,6 +100,9 @@ class ControlInputs:
     prefill_tokens_forecast: float  # Ŵ^P: full-prompt tokens over the horizon
     decode_kv_forecast: float  # K̂^D: KV of requests predicted to enter decode within the horizon
     cold_prefill_tokens: float = 0.0  # part of Ŵ^P with no usable prefix cache (re-prefill): costed at cold θ
+    # KV of contexts that left decode only to be prefilled again (a weight update) and go back once prefilled:
+    # still decode's demand, counted in K^D_t (b and what decode holds) while they are away
+    decode_kv_returning: float = 0.0
     # Part of Ŵ^P already queued or in flight (B.4 + B.6; the cold part included): counted once in the lookahead, not
     # once per window. None: all of Ŵ^P but the cold part is read as arriving anew every horizon.
     prefill_backlog_tokens: float | None = None
@@ -107,7 +113,8 @@ class ControlInputs:
     working_set_tokens: float | None = None  # context tokens of live trajectories (tracker): what caches could reuse
 
     def __post_init__(self) -> None:
-        for name in ("prefill_tokens_forecast", "decode_kv_forecast", "cold_prefill_tokens", "burst_prefill_tokens"):
+        for name in ("prefill_tokens_forecast", "decode_kv_forecast", "cold_prefill_tokens", "burst_prefill_tokens",
+                     "decode_kv_returning"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -161,6 +168,7 @@ class Decision:
                 "G": self.inputs.gpu_budget,
                 "decode_slot_demand": self.inputs.decode_slot_demand,
                 "cold_prefill_tokens": control.cold_prefill_tokens,
+                "decode_kv_returning": control.decode_kv_returning,
                 "burst_prefill_tokens": control.burst_prefill_tokens,
                 "burst_in_s": control.burst_in_s,
                 "paused": control.paused,
@@ -228,7 +236,7 @@ class RoleSwitchController:
             requests = control.decode_kv_forecast / per_request if per_request > 0 else 0.0
         inputs = AllocationInputs(
             prefill_tokens_forecast=control.prefill_tokens_forecast, horizon_s=self.config.horizon_s,
-            theta_p=theta_eff, decode_kv_now=decode_kv_footprint(reports),
+            theta_p=theta_eff, decode_kv_now=decode_kv_footprint(reports) + control.decode_kv_returning,
             decode_kv_forecast=control.decode_kv_forecast,
             decode_kv_capacity=self._decode_capacity(reports), gpu_budget=budget,
             decode_slot_demand=decode_slot_demand(reports, requests))

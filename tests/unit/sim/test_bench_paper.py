@@ -189,3 +189,42 @@ def test_every_quote_is_on_its_line_of_the_paper(bp):
     lines = bp.PAPER_TEXT.read_text(encoding="utf-8").split("\n")
     for e in json.loads((BENCHMARKS / "paper_numbers.json").read_text())["entries"]:
         assert e["quote"] in lines[e["line"] - 1], f"{e['id']}: not on line {e['line']}"
+
+
+def test_merge_keeps_the_first_row_and_adds_only_columns_it_lacks(bp):
+    first = GRID | {"rows": [_row("general_agent", 0, 32, 300.0, 100.0) | {
+        "seeds": 12, "completion_engine_s": {"colocated": None, "adaptive": 250.0}}]}
+    later = {"rows": [_row("general_agent", 0, 32, 999.0, 1.0) | {
+        "seeds": 2, "completion_environment_s": {"colocated": 88.0, "adaptive": 87.0},
+        "completion_engine_s": {"colocated": 400.0, "adaptive": 1.0}}]}
+    merged = bp.merge(first, later)
+    (row,) = merged["rows"]
+    assert row["colocated_s"] == 300.0 and row["seeds"] == 12  # the first grid's numbers stay
+    assert row["completion_environment_s"] == {"colocated": 88.0, "adaptive": 87.0}
+    assert row["completion_engine_s"] == {"colocated": 400.0, "adaptive": 250.0}  # only the missing mode is taken
+    assert row["filled_from"] == [{"columns": ["completion_environment_s", "completion_engine_s.colocated"],
+                                   "seeds": 2}]
+    assert "completion_environment_s" not in first["rows"][0]  # the input grid is not changed
+    assert first["rows"][0]["completion_engine_s"]["colocated"] is None
+
+
+def test_wape_cells_compare_decode_with_prefill_per_cell(bp):
+    rows = [_row("coding_agent", 2, 16, 1.0, 1.0) | {"wape_prefill": 0.10, "wape_decode": 0.19, "seeds": 12},
+            _row("general_agent", 8, 8, 1.0, 1.0) | {"wape_prefill": 0.10, "wape_decode": 0.21},
+            _row("math", 0, 256, 1.0, 1.0) | {"wape_prefill": None, "wape_decode": 0.5},  # no prefill: not a cell
+            _row("coding_agent", 0, 32, 1.0, 1.0, shape="wide") | {"wape_prefill": 0.1, "wape_decode": 0.1}]
+    cells = bp.wape_cells({"mimo_v25_pro": {"rows": rows[:3], "wide": rows[3:]}})
+    assert [(c["cell"], round(c["ratio"], 2), c["within"]) for c in cells] == [
+        ("mimo/coding/2@16", 1.9, True), ("mimo/general/8@8", 2.1, False)]
+    text = "\n".join(bp._wape_section(cells))
+    assert "within 2x of prefill in **1 of 2**" in text and "| mimo/general/8@8 | - | 10.0 % | 21.0 % | 2.10 | **no** |" in text
+
+
+def test_the_simulators_paper_optima_are_the_quoted_ones(bp):
+    from sglang_prorsa.sim.paper import PAPER_OPTIMA, paper_optima_text
+
+    quoted = {e["tasks"][0]: e["value"] for e in json.loads((BENCHMARKS / "paper_numbers.json").read_text())["entries"]
+              if e["quantity"] == "best_static_prefill_of_8"}
+    assert quoted == {task: p for task, (p, _) in PAPER_OPTIMA.items()}
+    assert all(p + d == 8 for p, d in PAPER_OPTIMA.values())
+    assert paper_optima_text() == "math 4:4, coding 5:3, general 3:5"

@@ -103,6 +103,7 @@ def test_merging_a_merged_grid_keeps_every_command(tmp_path):
     (["--model", "nope"], "--model: no model config 'nope'"),
     (["--reuse", "{tmp}"], "no runs_*.json there"),
     (["--merge", "{tmp}"], "no grid.json there"),
+    (["--ratios", "2", "8"], "--ratios 8: not a static split of 128 GPUs for mimo_v25_pro (prefill instances 1-7)"),
 ])
 def test_grid_rejects_bad_flags_before_running_anything(tmp_path, monkeypatch, capsys, argv, says):
     bench = load_benchmark("bench_sim_grid")
@@ -146,3 +147,26 @@ def test_baseline_columns_are_a_lookup_among_the_static_runs():
     assert row2.endswith("| - | - | unfinished (4:4) | 1.100 (1:7) |")  # WAPE "-", then no paper optimum
     assert "### Baselines without an oracle" in text
     assert "| general_agent | 3:5 | 4:4 | 1:7 | 30 | 2 | 60 | 14 |" in text
+
+
+def test_ratios_restrict_the_static_runs_but_keep_every_baselines_pick():
+    import argparse
+
+    bench = load_benchmark("bench_sim_grid")
+    args = argparse.Namespace(model="mimo_v25_pro", gpus=128, ratios=[])
+    picks = {"general_agent": bench.cell_baselines(args, "general_agent")}
+    assert bench.grid_ratios(args, picks) == [1, 2, 3, 4, 5, 6, 7]  # no --ratios: every split of 8 instances
+    args.ratios = [2]
+    wanted = {2} | {picks["general_agent"][name].prefill_instances for name in ("paper optimum", "1:1",
+                                                                                "flow balance")}
+    assert 3 in wanted and 4 in wanted  # the paper's 3:5 for the general agent, and 1:1
+    assert bench.grid_ratios(args, picks) == sorted(wanted)
+
+
+def test_a_one_load_grid_with_named_ratios_says_so():
+    rows = [_row("coding_agent", 1.05, [1.0, 1.1], bound=False) | {"growth_over_half_load": None}]
+    text = markdown({"rows": rows, "args": {"model": "m", "seeds": "2", "ratios": "[11, 12]"}}, "m", {}, {})
+    assert "the static ratios run: 11, 12 prefill instances (`--ratios`) and each baseline's pick" in text
+    assert "Each cell ran one load, so whether it is GPU-bound" in text and "No load of this sweep" not in text
+    every = markdown({"rows": rows, "args": {"model": "m", "seeds": "2", "ratios": "[]"}}, "m", {}, {})
+    assert "the fastest of *every* static ratio" in every

@@ -91,3 +91,24 @@ def test_transfers_through_one_rank_queue_on_its_nics():
     cluster._admitted(decode, decode.ranks[0], b, 10.0)
     assert decode.ranks[0].nic_free == pytest.approx(10.0 + 2 * wire)  # the second waited for the first
     assert prefill.ranks[0].nic_free == pytest.approx(10.0 + 2 * wire)
+
+
+def test_the_driver_hands_the_re_prefill_backlog_to_decode_as_kv_returning(monkeypatch):
+    """After a weight update the engines re-prefill the contexts that were in decode: the driver gives those tokens as
+    Ŵ^P's cold part and as decode KV returning, the same number at every tick (ControlInputs.decode_kv_returning)."""
+    from sglang_prorsa.policy.role_switch.controller import RoleSwitchController
+    from sglang_prorsa.sim.runner import simulate
+
+    seen = []
+    tick = RoleSwitchController.tick
+
+    def spy(self, control, reports, profile=None):
+        seen.append((control.cold_prefill_tokens, control.decode_kv_returning))
+        return tick(self, control, reports, profile)
+
+    monkeypatch.setattr(RoleSwitchController, "tick", spy)
+    result = simulate(load_model("mimo_v25_pro"), ClusterConfig(gpus=128, mode="adaptive"),
+                      RolloutConfig(preset="coding_agent", staleness=1, group_size=8, groups_per_step=4, steps=3))
+    assert result.steps_done == 3 and seen
+    assert all(cold == returning for cold, returning in seen)
+    assert any(returning > 0 for _, returning in seen)  # a weight update happened with contexts in decode

@@ -90,6 +90,25 @@ def test_cold_part_of_the_forecast_runs_at_cold_theta():
     assert decision.theta_p_measured
 
 
+def test_decode_kv_away_for_a_re_prefill_still_counts_as_decodes():
+    """Right after a weight update decode is empty and 100k tokens wait for a cold re-prefill; 350k tokens of KV left
+    decode only to be prefilled again. a = 100k / (1000 tok/s x 10 s) = 10; b = 350k / 100k = 3.5 with the returning
+    KV, 0 without: Eq. 1 over 8 instances gives 6:2 instead of 7:1, and decode holds 3.5 instances' worth."""
+    def tick(returning):
+        controller = RoleSwitchController(ControllerConfig(), flat_theta(), ManualClock(100.0))
+        return controller.tick(ControlInputs(100_000, 0, cold_prefill_tokens=100_000, prefill_backlog_tokens=100_000,
+                                             decode_kv_returning=returning), small_cluster(2, 6))
+
+    away, gone = tick(350_000), tick(0)
+    assert away.inputs.decode_kv_now == 350_000 and gone.inputs.decode_kv_now == 0
+    assert away.allocation.prefill_demand == pytest.approx(10.0) == gone.allocation.prefill_demand
+    assert away.allocation.decode_demand == pytest.approx(3.5) and gone.allocation.decode_demand == 0.0
+    assert (away.allocation.n_prefill, away.allocation.n_decode) == (6, 2)
+    assert (gone.allocation.n_prefill, gone.allocation.n_decode) == (7, 1)
+    assert away.demand["decode_held"] == pytest.approx(3.5) and gone.demand["decode_held"] == 0.0
+    assert away.to_dict()["inputs"]["decode_kv_returning"] == 350_000
+
+
 def test_one_horizon_everywhere():
     controller = RoleSwitchController(ControllerConfig(horizon_s=20.0), flat_theta(), ManualClock(0.0))
     # Ŵ^P = 60k over S = 20 s at 1000 tok/s: a = 3 with 1 prefill instance -> short.
@@ -182,6 +201,7 @@ def test_observe_needs_a_theta_model():
     ("decode_kv_forecast", dict(decode_kv_forecast=float("inf"))),
     ("burst_in_s", dict(burst_in_s=-2.0)),
     ("cold_prefill_tokens", dict(cold_prefill_tokens=10.0**9)),
+    ("decode_kv_returning", dict(decode_kv_returning=-1.0)),
 ])
 def test_bad_control_inputs_name_the_field(field, kwargs):
     with pytest.raises(ValueError, match=field):
