@@ -593,12 +593,14 @@ def merge(a: dict, b: dict) -> dict:
     """The rows of both grids; a cell and load in both is the first grid's row, with the columns only the second
     has added (``filled_from``: which, and that grid's seeds): a later, smaller run can measure a quantity the
     first did not record without replacing the rows it did."""
+    from sglang_prorsa.sim.report import row_key
+
     out = dict(a)
     for key in ("rows", "wide"):
-        mine = {_row_key(r): dict(r) for r in a.get(key) or []}
+        mine = {row_key(r): dict(r) for r in a.get(key) or []}
         extra = []
         for r in b.get(key) or []:
-            first = mine.get(_row_key(r))
+            first = mine.get(row_key(r))
             if first is None:
                 extra.append(r)
                 continue
@@ -626,10 +628,6 @@ def _fill(first: dict, later: dict, prefix: str = "") -> list[str]:
             first[key] = value
             filled.append(prefix + key)
     return filled
-
-
-def _row_key(r: dict) -> tuple:
-    return r["preset"], r["staleness"], r["groups"], r.get("decode_shape", "same")
 
 
 def _mark_gpu_bound(rows: list[dict]) -> None:

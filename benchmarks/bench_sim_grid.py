@@ -42,7 +42,7 @@ from sglang_prorsa.sim import baselines, plots
 from sglang_prorsa.sim.config import ClusterConfig, RolloutConfig, assumed_parameters, load_model
 from sglang_prorsa.sim.metrics import interval95
 from sglang_prorsa.sim.paper import paper_optima_text
-from sglang_prorsa.sim.report import DEFAULT_GRID
+from sglang_prorsa.sim.report import DEFAULT_GRID, row_key
 from sglang_prorsa.sim.runner import simulate, static_ratios
 from sglang_prorsa.sim.trainer import clear_plan_cache
 from sglang_prorsa.sim.workloads import default_group_size
@@ -362,7 +362,7 @@ def merge_grids(folders: list[Path]) -> dict:
     rows, runs = {}, {}
     for p in parts:
         for r in p.get("rows", []):
-            rows.setdefault((r["preset"], r["staleness"], r["groups"], r.get("decode_shape", "same")), r)
+            rows.setdefault(row_key(r), r)
         for r in p.get("runs", []):
             runs.setdefault(tuple(r[k] for k in ("preset", "staleness", "groups", "mode", "prefill_instances",
                                                  "decode_instances", "seed")), r)

@@ -14,8 +14,11 @@ refresh, role-switch controller), giving its cost per lifecycle event and per re
 The linearity ratio of a cluster size is (CPU per simulated hour / that of the smallest size) / (GPUs / smallest
 GPUs): 1 is linear growth, below 1 better. A mode's verdict reads it at the largest size: "at most linear" when it is
 <= 1 + the spread of the two points (the half-ranges of their repeats over their medians, added), else "super-linear".
+The same ratio from the next smaller size alone (``step_linearity``; the verdict's ``last_step_*``) tells a one-time
+rise, such as the working set outgrowing the CPU's caches, from growth that goes on.
 
-    python benchmarks/bench_sim_scale.py [--gpus 128 256 512 1024] [--sim-hours 1] [--repeats 3] [--json ...]
+    python benchmarks/bench_sim_scale.py [--gpus 128 256 512 1024] [--modes colocated static adaptive] [--sim-hours 1]
+                                         [--repeats 3] [--json ...]
     python benchmarks/bench_sim_scale.py --quick   # 128 and 256 GPUs, 0.05 simulated hour, 1 repeat; writes nothing
 """
 
@@ -90,9 +93,9 @@ def verdict(ratio: float, spread: float) -> str:
     return "at most linear" if ratio <= 1.0 + spread else "super-linear"
 
 
-def job_order(gpus: list[int], repeats: int) -> list[tuple[int, int, str]]:
+def job_order(gpus: list[int], repeats: int, modes: tuple[str, ...] = MODES) -> list[tuple[int, int, str]]:
     """(repeat, GPUs, mode) in run order: every other repeat runs the list backwards."""
-    once = [(g, mode) for g in gpus for mode in MODES]
+    once = [(g, mode) for g in gpus for mode in modes]
     return [(i, g, mode) for i in range(repeats) for g, mode in (once if i % 2 == 0 else once[::-1])]
 
 
@@ -141,26 +144,35 @@ def summarise(rows: list[dict]) -> dict:
         if not mine:
             continue
         base = mine[0]
-        for cell in mine:
+        for previous, cell in zip([mine[0]] + mine, mine):
             cell["linearity"] = linearity(base["cpu_s_per_sim_h"], cell["cpu_s_per_sim_h"], base["gpus"], cell["gpus"])
+            # The growth from the next smaller size alone: where a working set outgrows the caches, the ratio to the
+            # smallest keeps that one-time rise while the last doubling shows whether the growth still goes on.
+            cell["step_linearity"] = linearity(previous["cpu_s_per_sim_h"], cell["cpu_s_per_sim_h"], previous["gpus"],
+                                               cell["gpus"])
             if mode == "adaptive":
                 for part in ("control_plane", "simulator"):
                     cell[f"{part}_linearity"] = linearity(base[f"{part}_s_per_sim_h"], cell[f"{part}_s_per_sim_h"],
                                                           base["gpus"], cell["gpus"])
         top = mine[-1]
         spread = base["half_range"] + top["half_range"]
+        below = mine[-2] if len(mine) > 1 else base
+        last_spread = below["half_range"] + top["half_range"]
         verdicts[mode] = {"gpus": top["gpus"], "base_gpus": base["gpus"], "linearity": top["linearity"],
-                          "spread": spread, "verdict": verdict(top["linearity"], spread)}
+                          "spread": spread, "verdict": verdict(top["linearity"], spread),
+                          "last_step_gpus": below["gpus"], "last_step_linearity": top["step_linearity"],
+                          "last_step_spread": last_spread,
+                          "last_step_verdict": verdict(top["step_linearity"], last_spread)}
     return {"cells": cells, "verdicts": verdicts}
 
 
 def table(summary: dict) -> list[str]:
     lines = [f"{'GPUs':>5} {'mode':<10} {'CPU s/sim-h (min-max)':>24} {'events/sim-h':>13} {'us/event':>9} "
-             f"{'linearity':>9}   control plane (adaptive)"]
+             f"{'linearity':>9} {'last step':>9}   control plane (adaptive)"]
     for cell in summary["cells"].values():
         cpu = f"{cell['cpu_s_per_sim_h']:.2f} ({cell['cpu_min']:.2f}-{cell['cpu_max']:.2f})"
         line = (f"{cell['gpus']:>5} {cell['mode']:<10} {cpu:>24} {cell['events_per_sim_h']:13,.0f} "
-                f"{cell['us_per_event']:9.1f} {cell['linearity']:9.2f}")
+                f"{cell['us_per_event']:9.1f} {cell['linearity']:9.2f} {cell['step_linearity']:9.2f}")
         if cell["mode"] == "adaptive":
             line += (f"   {100 * cell['control_plane_share']:.0f} % of CPU; ingest {cell['ingest_us_per_event']:.1f} us"
                      f" per lifecycle event, refresh {cell['refresh_ms_per_refresh']:.2f} ms + controller "
@@ -171,6 +183,9 @@ def table(summary: dict) -> list[str]:
     for mode, v in summary["verdicts"].items():
         line = (f"{mode}: linearity at {v['gpus']} GPUs {v['linearity']:.3f} (limit 1 + spread {v['spread']:.3f}): "
                 f"{v['verdict']}")
+        if v["last_step_gpus"] != v["base_gpus"]:  # three sizes or more: the last doubling on its own
+            line += (f"; from {v['last_step_gpus']} GPUs {v['last_step_linearity']:.3f} "
+                     f"(limit {1 + v['last_step_spread']:.3f}): {v['last_step_verdict']}")
         top = summary["cells"].get(f"{v['gpus']}/{mode}", {})
         if mode == "adaptive" and "simulator_linearity" in top:
             line += (f"; the simulator alone {top['simulator_linearity']:.2f}, the control plane alone "
@@ -242,6 +257,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--gpus", type=int, nargs="+", default=[128, 256, 512, 1024])
     ap.add_argument("--sim-hours", type=float, default=1.0, help="simulated hours per measurement")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="modes to measure (default all)")
     ap.add_argument("--quick", action="store_true",
                     help=f"{QUICK['gpus']} GPUs, {QUICK['sim_hours']} simulated hour, {QUICK['repeats']} repeat; "
                          "writes JSON/PNG only where --json/--png are given")
@@ -269,14 +285,15 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tree, source = snapshot(Path(tmp))
-        for i, gpus, mode in tqdm(job_order(args.gpus, args.repeats), desc="simulated stretches", unit="run"):
+        for i, gpus, mode in tqdm(job_order(args.gpus, args.repeats, tuple(args.modes)), desc="simulated stretches", unit="run"):
             rows.append({"repeat": i} | measure(tree, mode, gpus, args.sim_hours))
     summary = summarise(rows)
     print(f"\n{args.sim_hours:g} simulated h per run, {args.repeats} repeat(s), medians (CPU s: min-max over repeats); "
           f"tree {source['commit']} with {len(source['uncommitted'])} uncommitted file(s) in sglang_prorsa/")
     print("\n".join(table(summary)))
     if args.json:
-        args.json.write_text(json.dumps({"gpus": args.gpus, "sim_hours": args.sim_hours, "repeats": args.repeats,
+        args.json.write_text(json.dumps({"gpus": args.gpus, "modes": args.modes, "sim_hours": args.sim_hours,
+                                         "repeats": args.repeats,
                                          "tree": source, "summary": summary, "runs": rows}, indent=1))
     if args.png:
         draw(summary, args.png)

@@ -293,12 +293,6 @@ class Cluster:
             self._drain(t)
 
     # ----- time -----
-    def sync(self, t: float) -> None:
-        """Apply every instance's iterations finished by ``t`` (before a control tick reads their state)."""
-        for inst in self.instances:
-            inst.advance(t)
-            self._plan(inst)
-
     def _plan(self, inst: Instance) -> None:
         """Plan ``inst``'s next regime (it may retract requests) after a change to it, and ``_touch`` it."""
         before = inst.wake_at

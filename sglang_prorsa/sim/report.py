@@ -11,6 +11,11 @@ DEFAULT_GRID = {"presets": ("math", "coding_agent", "general_agent"), "staleness
 SPEED_TARGET = 100.0  # simulated GPU-hours per wall-clock second at 128 GPUs (issue #11)
 
 
+def row_key(row: dict) -> tuple:
+    """A grid row's cell and load: rows of several grids with the same key describe the same runs."""
+    return row["preset"], row["staleness"], row["groups"], row.get("decode_shape", "same")
+
+
 def _pct(v) -> str:
     return "-" if v is None else f"{100 * v:.0f}%"
 

@@ -93,7 +93,7 @@ def simulate(model: ModelConfig, cluster_cfg: ClusterConfig, rollout: RolloutCon
         switches_per_step=switches_per_step([s[0] for s in cluster.switches], trainer.step_times),
         switch_log=switch_log, switches_paid=sum(s["paid"] for s in switch_log),
         theta_samples=driver.theta.samples if driver else 0,
-        batch=rollout.batch, finish_times=sorted(r.finished_at for r in trainer.runs if r.finished_at is not None),
+        batch=rollout.batch, finish_times=sorted(r.finished_at for r in finished),
         hold_reasons=dict(Counter(str(d["hold"]) for d in driver.decisions)) if driver else {},
         completion_environment_mean_s=statistics.fmean(r.environment_s for r in finished) if finished else None,
     )

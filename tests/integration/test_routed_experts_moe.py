@@ -39,6 +39,7 @@ MAX_NEW = 160  # still decoding when the sweep comes (~2 s here for the three), 
 PROMPTS = distinct_prompts(3, lambda i: 20 + 7 * i, seed=37)
 # (stream, routed_experts_start_len: None = 0, "prompt" = the prompt's length)
 KINDS = ((False, None), (False, "prompt"), (True, None))
+SWEEP_ROUNDS = 3
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +53,24 @@ def moe_front(log_dir, tmp_path_factory):
 
 def body(prompt: list[int], stream: bool, start) -> dict:
     return routed_requests.routed_body(prompt, MAX_NEW, stream, start)
+
+
+def sweep_round(prefill: dict, swept: dict) -> tuple[list[dict], list[str]]:
+    """The requests sent as PD pairs to ``swept``, which is swept once all run there: their answers and the
+    stages the sweep found them in."""
+    with ThreadPoolExecutor(len(PROMPTS)) as ex:
+        futures = [ex.submit(routed_requests.pair_post, prefill, swept, body(p, s, start))
+                   for p, (s, start) in zip(PROMPTS, KINDS)]
+        deadline = time.monotonic() + 120
+        while instance_status(swept["url"])["running"] < len(PROMPTS):
+            assert time.monotonic() < deadline, "the requests never all ran on the decode instance to sweep"
+            assert not any(f.done() for f in futures), "a request finished before the sweep: raise MAX_NEW"
+            time.sleep(0.02)
+        time.sleep(0.1)  # a few tokens each, so positions of both parts are reported
+        sweep = requests.post(swept["url"] + "/prorsa/migrate_out", timeout=120)
+        moved = [f.result() for f in futures]
+    assert sweep.status_code == 200, sweep.text
+    return moved, [r["stage"] for r in sweep.json()["requests"]]
 
 
 def rows(answer: dict) -> np.ndarray:
@@ -77,23 +96,17 @@ def test_a_moved_requests_routed_experts_equal_the_unmoved_runs(moe_front):
     insts = instances(front.url)
     (prefill,) = [i for i in insts if i["role"] == "prefill"]
     swept, other = sorted((i for i in insts if i["role"] == "decode"), key=lambda i: i["instance"])
-    with ThreadPoolExecutor(len(PROMPTS)) as ex:
-        futures = [ex.submit(routed_requests.pair_post, prefill, swept, body(p, s, start))
-                   for p, (s, start) in zip(PROMPTS, KINDS)]
-        deadline = time.monotonic() + 120
-        while instance_status(swept["url"])["running"] < len(PROMPTS):
-            assert time.monotonic() < deadline, "the requests never all ran on the decode instance to sweep"
-            assert not any(f.done() for f in futures), "a request finished before the sweep: raise MAX_NEW"
-            time.sleep(0.02)
-        time.sleep(0.1)  # a few tokens each, so positions of both parts are reported
-        sweep = requests.post(swept["url"] + "/prorsa/migrate_out", timeout=120)
-        moved = [f.result() for f in futures]
-    assert sweep.status_code == 200, sweep.text
-    stages = [r["stage"] for r in sweep.json()["requests"]]
+    # The sweep races the decoding it interrupts: on a loaded host all three may finish between the poll that saw
+    # them running and the sweep reaching the scheduler. Such a round moved nothing and proves nothing, so it is
+    # run again (its answers are SGLang's own); the checks below need a round that moved at least two.
+    for _ in range(SWEEP_ROUNDS):
+        moved, stages = sweep_round(prefill, swept)
+        assert requests.post(swept["url"] + "/prorsa/admission", json={"accept": True}, timeout=10).status_code == 200
+        if stages.count("running") >= 2:
+            break
     # All three usually; one may have finished (or not yet been scheduled) by the time the sweep reached the
-    # scheduler on a loaded host: what matters is that moved requests exist and each is checked below.
+    # scheduler: what matters is that moved requests exist and each is checked below.
     assert stages.count("running") >= 2, stages
-    assert requests.post(swept["url"] + "/prorsa/admission", json={"accept": True}, timeout=10).status_code == 200
 
     moved_checked = 0
     for prompt, a, b, (_, start) in zip(PROMPTS, ref, moved, KINDS):

@@ -71,7 +71,8 @@ def test_summary_linearity_verdicts_and_control_plane_costs(bench):
     assert verdicts["colocated"]["verdict"] == "at most linear"
     assert cells["1024/static"]["cpu_s_per_sim_h"] == 12.0 and cells["1024/static"]["events_per_sim_h"] == 200_000
     assert verdicts["static"] == {"gpus": 1024, "base_gpus": 128, "linearity": 1.5, "spread": 0.0,
-                                  "verdict": "super-linear"}
+                                  "verdict": "super-linear", "last_step_gpus": 128, "last_step_linearity": 1.5,
+                                  "last_step_spread": 0.0, "last_step_verdict": "super-linear"}
     small, big = cells["128/adaptive"], cells["1024/adaptive"]
     assert small["control_plane_share"] == 0.5 and big["control_plane_share"] == pytest.approx(1 / 3)
     assert small["ingest_us_per_event"] == pytest.approx(5.0) and big["ingest_us_per_event"] == pytest.approx(2.5)
@@ -84,6 +85,29 @@ def test_summary_linearity_verdicts_and_control_plane_costs(bench):
     assert lines[-1] == ("adaptive: linearity at 1024 GPUs 0.750 (limit 1 + spread 0.000): at most linear; "
                          "the simulator alone 1.00, the control plane alone 0.50")
     assert "static: linearity at 1024 GPUs 1.500 (limit 1 + spread 0.000): super-linear" in lines
+
+
+def test_the_last_doubling_tells_a_one_time_rise_from_growth_that_goes_on(bench):
+    """CPU s per simulated hour 1 -> 3 -> 6 at 128, 256, 512 GPUs: 1.5 from the smallest, 1.0 over the last
+    doubling (6 / 3 / 2); the middle size's step is 3 / 1 / 2 = 1.5."""
+    rows = [_run(128, "colocated", 1.0), _run(256, "colocated", 3.0), _run(512, "colocated", 6.0)]
+    summary = bench.summarise(rows)
+    cells, v = summary["cells"], summary["verdicts"]["colocated"]
+    assert cells["128/colocated"]["step_linearity"] == 1.0
+    assert cells["256/colocated"]["step_linearity"] == pytest.approx(1.5)
+    assert cells["512/colocated"]["step_linearity"] == pytest.approx(1.0)
+    assert (v["linearity"], v["verdict"]) == (pytest.approx(1.5), "super-linear")
+    assert (v["last_step_gpus"], v["last_step_linearity"], v["last_step_verdict"]) == (
+        256, pytest.approx(1.0), "at most linear")
+    assert bench.table(summary)[-1] == ("colocated: linearity at 512 GPUs 1.500 (limit 1 + spread 0.000): "
+                                        "super-linear; from 256 GPUs 1.000 (limit 1.000): at most linear")
+
+
+def test_modes_narrow_the_runs(bench):
+    assert bench.job_order([128, 256], 1, ("colocated",)) == [(0, 128, "colocated"), (0, 256, "colocated")]
+    assert bench.parse_args(["--modes", "static", "colocated"]).modes == ["static", "colocated"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--modes", "oracle"])
 
 
 def test_arguments(bench):

@@ -112,3 +112,32 @@ def test_the_driver_hands_the_re_prefill_backlog_to_decode_as_kv_returning(monke
     assert result.steps_done == 3 and seen
     assert all(cold == returning for cold, returning in seen)
     assert any(returning > 0 for _, returning in seen)  # a weight update happened with contexts in decode
+
+
+def test_observing_the_cluster_does_not_change_the_run(monkeypatch):
+    """The control tick reads the instances without advancing them: an adaptive run whose planner never switches is
+    the static run of the same split, step for step. (A tick that advanced every instance made decode admission see
+    fresher KV than static runs do, and changed the run it observed.)"""
+    import dataclasses
+
+    from sglang_prorsa.policy.role_switch.planner import SwitchPlanner
+    from sglang_prorsa.sim.runner import simulate
+
+    plan = SwitchPlanner.plan
+    planned = []
+
+    def never_switch(self, reports, allocation, now, context=None):
+        result = plan(self, reports, allocation, now, context)
+        planned.append(len(result.switches))
+        return dataclasses.replace(result, switches=(), new_instances=0)
+
+    rollout = RolloutConfig(preset="general_agent", staleness=1, group_size=16, groups_per_step=8, steps=3, seed=1)
+    static = simulate(load_model("qwen3_235b"), ClusterConfig(gpus=128, mode="static", prefill_instances=12), rollout)
+    monkeypatch.setattr(SwitchPlanner, "plan", never_switch)
+    frozen = simulate(load_model("qwen3_235b"), ClusterConfig(gpus=128, mode="adaptive", prefill_instances=12),
+                      rollout)
+    assert len(planned) > 50  # ticked all through (a tick that advanced the instances made these steps 346, 167
+    # and 300 s against static's 348, 166 and 301)
+    assert frozen.switches == 0 and frozen.steps_done == static.steps_done == 3
+    assert frozen.step_times_s == static.step_times_s
+    assert frozen.events == static.events
