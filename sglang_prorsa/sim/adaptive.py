@@ -31,7 +31,7 @@ KV its decode steps used becomes visible to decode admission (regime.py), so adv
 changed the run it observed. With ticks that advanced every instance and a planner that never switched, the Qwen3-like
 general agent at staleness 2 (12:20) took 336 s a step against the static run's 301 s (12 seeds; one step of 1,175 s
 behind a 140 s decode-admission queue), and adaptive paid that beside static in every cell. An instance's state lags
-by at most its current regime: until its first completion, a few seconds at most.
+by at most its current regime: until its first completion or a change of operation.
 """
 
 from __future__ import annotations

@@ -298,7 +298,9 @@ def test_a_slime_style_engine_registers_by_url_switches_busy_exactly_and_takes_t
         results = [f.result(timeout=600) for f in rollout]
     assert len(urls) == 4 and url in urls
     assert aborts == {u: 200 for u in urls}
-    assert [s for s, _ in results] == [200] * len(prompts), results
+    # The whole answer of each that was not a 200 (a 503 once under a loaded CI host, its message cut off by the list).
+    not_ok = [(i, s, out) for i, (s, out) in enumerate(results) if s != 200]
+    assert [s for s, _ in results] == [200] * len(prompts), not_ok
     finished = [out["meta_info"]["finish_reason"]["type"] for _, out in results]
     assert "abort" in finished and set(finished) <= {"abort", "length"}, finished
     assert generate(cluster.url, prompts[0], 8)[0] == 200
