@@ -39,7 +39,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from sglang_prorsa.sim import baselines, plots
-from sglang_prorsa.sim.config import ClusterConfig, RolloutConfig, assumed_parameters, load_model
+from sglang_prorsa.sim.config import PLANNERS, ClusterConfig, RolloutConfig, assumed_parameters, load_model
 from sglang_prorsa.sim.metrics import interval95
 from sglang_prorsa.sim.paper import paper_optima_text
 from sglang_prorsa.sim.report import DEFAULT_GRID, row_key
@@ -81,7 +81,8 @@ def _run(job_args: tuple[Job, dict]) -> tuple[Job, dict]:
     job, opts = job_args
     model = load_model(opts["model"])
     cluster = ClusterConfig(gpus=opts["gpus"], mode=job.mode, prefill_instances=job.prefill_instances,
-                            decode_shape=job.decode_shape, max_sim_s=opts["max_sim_s"])
+                            decode_shape=job.decode_shape, max_sim_s=opts["max_sim_s"],
+                            planner=opts.get("planner", "guarded"))
     warm = job.staleness + 1 if job.staleness else 0
     rollout = RolloutConfig(preset=job.preset, staleness=job.staleness, group_size=default_group_size(job.preset),
                             groups_per_step=job.groups, steps=opts["sync_steps"] if job.staleness == 0
@@ -447,6 +448,8 @@ def main() -> None:
     ap.add_argument("--shift", action="store_true", help="also run the shifting-mix experiment")
     ap.add_argument("--shift-only", action="store_true")
     ap.add_argument("--wide", action="store_true", help="also run coding with stage-specific (wide) decode instances")
+    ap.add_argument("--planner", choices=PLANNERS, default="guarded",
+                    help="adaptive runs' planner: guarded, guarded with the wait rule (waits), or the paper's")
     ap.add_argument("--no-speed", action="store_true")
     ap.add_argument("--speed-only", action="store_true",
                     help="measure only the speed; an existing grid.json in --out keeps its grid, only 'speed' changes")
@@ -463,6 +466,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     opts = {"model": args.model, "gpus": args.gpus, "sync_steps": args.sync_steps,
             "async_measured": args.async_measured, "max_sim_s": args.max_sim_s, "jobs": args.jobs,
+            "planner": args.planner,
             "reused": reused_runs(args.reuse)}
     started = time.perf_counter()
     result: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "model": args.model}

@@ -241,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--min-dwell", type=_at_least(0.0, float), default=30.0)
         p.add_argument("--hysteresis", type=_at_least(0.0, float), default=0.1,
                        help="absolute coverage band of the planner")
-        p.add_argument("--planner", default="guarded", choices=PLANNERS, help="adaptive: guarded, or the paper's")
+        p.add_argument("--planner", default="guarded", choices=PLANNERS, help="adaptive: guarded, guarded with the wait rule (waits), or the paper's")
         p.add_argument("--routing", default="sglang", choices=ROUTING, help="DP-rank choice (cluster.py)")
         p.add_argument("--decode-shape", default="same", choices=("same", "wide"),
                        help="PD decode instances: same shape as prefill, or the model's wide (EP x2) shape")

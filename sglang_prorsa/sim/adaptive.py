@@ -53,6 +53,7 @@ from sglang_prorsa.policy.role_switch.controller import ControlInputs, Controlle
 from sglang_prorsa.policy.role_switch.cost import CostConfig
 from sglang_prorsa.policy.role_switch.planner import PlannerConfig
 from sglang_prorsa.policy.role_switch.theta import ThetaConfig, ThetaModel, ThetaSample
+from sglang_prorsa.policy.role_switch.waits import CompletionRate
 from sglang_prorsa.sim.config import ClusterConfig, ModelConfig, RolloutConfig
 from sglang_prorsa.sim.perf_model import PROFILE_POINTS, PerfModel
 from sglang_prorsa.workload.generator import WorkloadGenerator
@@ -114,7 +115,7 @@ class ControlPlaneDriver:
         self.cp = LifecycleControlPlane(self.clock, PredictorConfig(
             horizon_s=cluster.horizon_s, injection=injection, default_prompt_tokens=x_new, prefill_profile=self.g))
         planner = PlannerConfig.unguarded() if cluster.planner == "paper" else PlannerConfig(
-            min_dwell_s=cluster.min_dwell_s, hysteresis=cluster.hysteresis)
+            min_dwell_s=cluster.min_dwell_s, hysteresis=cluster.hysteresis, wait_balance=cluster.planner == "waits")
         self.theta = ThetaModel(ThetaConfig.from_profile(perf.cold_profile_points(), reference_prompt_tokens=x_new))
         self._prompt_sum, self._prompts = float(x_new), 1  # mean prompt of arrived requests (x_new until one came)
         self.controller = RoleSwitchController(ControllerConfig(
@@ -135,6 +136,7 @@ class ControlPlaneDriver:
         self.windows: list[WindowRecord] = []
         self.decisions: list[dict] = []
         self.executed: list[dict] = []  # one per switch: time, instance, roles, estimated gain and cost
+        self.decode_rate = CompletionRate()  # decode completions per second, for the planner's wait rule
 
     # ----- Lifecycle: buffered by timestamp -----
     def hint(self, event: LifecycleEvent) -> None:
@@ -202,6 +204,7 @@ class ControlPlaneDriver:
         if forecast is None or self._last_ingested >= forecast.t:
             forecast = self.cp.forecast()
         reports = self.reports(cluster)
+        self.decode_rate.observe(t, self.cp.tracker.decode_ends_total)
         untracked = cluster.untracked_prefill_tokens()
         requests = forecast.decode_admission_tokens / (self._prompt_sum / self._prompts)  # predicted admissions
         working_set = sum(run.prompt_tokens_at(run.turn) for run in cluster.trainer.live.values())
@@ -212,7 +215,8 @@ class ControlPlaneDriver:
             decode_kv_returning=untracked,
             prefill_backlog_tokens=min(forecast.prefill_tokens, forecast.sources.backlog) + untracked,
             decode_requests_forecast=requests, working_set_tokens=working_set, burst_prefill_tokens=burst,
-            burst_in_s=max(0.0, update_at - t) if update_at is not None else None), reports)
+            burst_in_s=max(0.0, update_at - t) if update_at is not None else None,
+            decode_completions_per_s=self.decode_rate.per_s()), reports)
         for switch in decision.plan.switches:
             cluster.start_switch(switch.instance_id, switch.dst, t)
             self.executed.append({"t": t, "instance": switch.instance_id, "from": switch.src.value,

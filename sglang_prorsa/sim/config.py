@@ -26,7 +26,7 @@ from sglang_prorsa.workload.scaling import PlanScale
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 MODES = ("colocated", "static", "adaptive")
 ROUTING = ("sglang", "rank_aware")
-PLANNERS = ("guarded", "paper")
+PLANNERS = ("guarded", "waits", "paper")
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ class ClusterConfig:
     max_sim_s: float = 6 * 3600.0  # safety stop in simulated seconds
     decode_shape: str = "same"  # PD decode instances: "same" as prefill, or the model's "wide" shape (§5.3)
     routing: str = "sglang"  # DP-rank choice: SGLang's default (round robin / bootstrap room) or rank_aware (sticky)
-    planner: str = "guarded"  # adaptive: our guarded planner, or "paper" (chase Eq. 1's target, no guard)
+    planner: str = "guarded"  # adaptive: our guarded planner, "waits" (it with the wait rule) or "paper" (Eq. 1, no guard)
     time_quantum_s: float = 0.25  # regime.py: a regime may run through completions this long (0 = exact)
     anticipate: bool = True  # adaptive: announce the re-prefill of a coming weight update (needs train_s > 0)
 

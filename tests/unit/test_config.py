@@ -82,3 +82,9 @@ def test_a_front_shares_the_hosts_cores_among_its_instances(argv, expected, tmp_
     specs = instance_specs(config, rest, tmp_path, "http://127.0.0.1:1")
     assert len(specs) == config.instance_count
     assert {s.cpu_threads for s in specs} == {expected(len(os.sched_getaffinity(0)))}
+
+
+def test_the_wait_rule_is_opt_in():
+    config, rest = split_prorsa_flags(["--pd-adaptive", "--prorsa-wait-rule"])
+    assert config.prorsa_wait_rule is True and rest == []
+    assert split_prorsa_flags(["--pd-adaptive"])[0].prorsa_wait_rule is False

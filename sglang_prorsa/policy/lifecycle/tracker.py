@@ -131,6 +131,7 @@ class TrajectoryTracker:
         self.group_reward: list[int] = []
         self.counts: dict[Outcome, int] = {o: 0 for o in Outcome}
         self.finished_total = 0
+        self.decode_ends_total = 0  # decode_end events applied: the decode completion rate (role_switch/waits.py)
         self.recent_rejections: deque[Rejection] = deque(maxlen=REJECTIONS_REPORTED)
         # engine-wide state (issue 13)
         self.paused_since: float | None = None
@@ -326,6 +327,7 @@ class TrajectoryTracker:
             for cb in self._cb["on_decode_admission"]:
                 cb(traj, ts, traj.prompt_tokens or 0)
         elif kind is _K_DECODE_END:
+            self.decode_ends_total += 1
             self._on_decode_end(traj, event, ts, previous)
         elif kind is _K_TOOL_START:
             self._leave_decode(traj, ts, previous, calls_tool=True)

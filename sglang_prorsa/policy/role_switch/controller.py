@@ -28,7 +28,8 @@ used for Eq. 1, the windows and the cost/gain integration alike.
 
 Beyond the paper (§4.2 switches toward every new target): demand smoothing (exponential, weight ``smoothing`` on the
 newest reading; rises pass at once), backlog vs arrivals, bursts announced ahead, the decode slot demand
-(capacity.decode_slot_demand), prefix-cache pressure on prefill donors, what decode holds now (``decode_held``:
+(capacity.decode_slot_demand), the measured stage waits (from ``decode_completions_per_s``; waits.py), which decide
+under the opt-in wait rule, prefix-cache pressure on prefill donors, what decode holds now (``decode_held``:
 the planner's test for both stages being short; with it the KV of contexts away for a re-prefill, so that a
 weight update that empties decode for a moment does not read as decode having room to give), ``paused`` (hold:
 demand read while the trainer paused generation is not demand), and the planner's need / hysteresis / dwell / cost
@@ -69,6 +70,7 @@ from sglang_prorsa.policy.role_switch.cost import CostConfig, SwitchCost, switch
 from sglang_prorsa.policy.role_switch.planner import PlanContext, PlannerConfig, SwitchPlan, SwitchPlanner
 from sglang_prorsa.policy.role_switch.theta import ThetaConfig, ThetaModel, ThetaSample
 from sglang_prorsa.policy.role_switch.throughput import ThroughputEstimator, WorkloadProfile
+from sglang_prorsa.policy.role_switch.waits import stage_waits
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,9 @@ class ControlInputs:
     burst_in_s: float | None = None
     paused: bool = False  # the trainer paused generation: hold
     working_set_tokens: float | None = None  # context tokens of live trajectories (tracker): what caches could reuse
+    # Decode completions per second over the last minute (decode_end events; waits.CompletionRate): the stage waits
+    # are measured with it, and the planner's opt-in wait rule decides by them (waits.py). None: not measured yet
+    decode_completions_per_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("prefill_tokens_forecast", "decode_kv_forecast", "cold_prefill_tokens", "burst_prefill_tokens",
@@ -118,7 +123,8 @@ class ControlInputs:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        for name in ("decode_requests_forecast", "burst_in_s", "prefill_backlog_tokens", "working_set_tokens"):
+        for name in ("decode_requests_forecast", "burst_in_s", "prefill_backlog_tokens", "working_set_tokens",
+                     "decode_completions_per_s"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be None or a finite number >= 0, got {value!r}")
@@ -172,6 +178,7 @@ class Decision:
                 "burst_prefill_tokens": control.burst_prefill_tokens,
                 "burst_in_s": control.burst_in_s,
                 "paused": control.paused,
+                "decode_completions_per_s": control.decode_completions_per_s,
                 "profile": asdict(self.profile) if self.profile is not None else None,
             },
             "allocation": allocation,
@@ -298,13 +305,15 @@ class RoleSwitchController:
                  for r in reports if r.status is InstanceStatus.ACTIVE}
         cache_loss = self._cache_loss(control, reports, windows[Role.PREFILL], inputs.theta_p, theta_cold)
         held = _decode_held(inputs, reports)
+        waits = stage_waits(reports, theta_mix, control.decode_completions_per_s) if control is not None else None
         context = PlanContext(self.config.horizon_s, windows[Role.PREFILL], windows[Role.DECODE], costs, paused,
-                              prefill_backlog=backlog, prefill_cache_loss=cache_loss, decode_held=held)
+                              prefill_backlog=backlog, prefill_cache_loss=cache_loss, decode_held=held, waits=waits)
         plan = self._planner.plan(reports, allocation, now, context)
         a_s, b_s = self._smoothed or (allocation.prefill_demand, allocation.decode_demand)
         demand = {"prefill": allocation.prefill_demand, "decode": allocation.decode_demand,
                   "prefill_smoothed": a_s, "decode_smoothed": b_s,
                   "prefill_backlog": backlog, "prefill_cache_loss": cache_loss, "decode_held": held,
+                  "waits": waits.to_dict() if waits is not None else None,
                   "windows": {"prefill": list(windows[Role.PREFILL]), "decode": list(windows[Role.DECODE])}}
         self._last = Decision(now, inputs, allocation, plan, profile, measured, control, theta_cold, demand, costs)
         return self._last

@@ -33,6 +33,16 @@ Within that bound a switch is made only when all of these hold:
      receiver's backlog needs the instance (its steady arrivals fit the instances it has, e.g. the re-prefill after a
      weight update), the cost counts twice: the instance will have to switch back.
 
+**The wait rule** (opt-in, ``wait_balance``; waits known and a stage queued: ``PlanContext.waits``, waits.py, a wait
+above ``wait_floor_s``) replaces conditions 1-4 (beyond the paper). One instance moves from the stage with the
+shorter expected wait to the one with the longer, while the longer is more than ``wait_ratio`` times the shorter
+plus ``wait_floor_s``; least loaded first, never below a role's minimum, and
+at most one such move per ``wait_pace_s`` across the cluster (no instance active in its role for less than that, none
+mid-switch), which bounds the downtime it spends: one switch time per pace. Waits are measured, not forecast: they
+follow what the split does, where Eq. 1's decode term reads decode's own queue as demand. While neither stage holds
+a queue, or before a decode completion is measured, the rules above apply: they act on the forecast, ahead of the
+work (a surge of announced prompts), which a wait cannot show before it arrives.
+
 Candidates are taken cheapest first (lowest cost, then least loaded: the paper's choice when costs tie), one move at a
 time, until the receiver is no longer short, the target is reached or a condition fails. A role below its configured
 minimum is always refilled. With m^P ≠ m^D a move frees instances of the shrinking role until their GPUs can host one
@@ -61,6 +71,7 @@ from sglang_prorsa.policy.role_switch.cost import (
     switch_cost,
     switch_seconds,
 )
+from sglang_prorsa.policy.role_switch.waits import StageWaits
 
 # Why a plan holds (``SwitchPlan.hold_reason``) or a candidate was refused (``Considered.reason``).
 PAUSED = "paused"  # the trainer paused generation: demand readings mean nothing now
@@ -71,6 +82,8 @@ DONOR_AT_MINIMUM = "donor_at_minimum"
 WITHIN_BAND = "within_hysteresis_band"  # the donor would be left below 1 + short_margin + hysteresis
 COST_EXCEEDS_GAIN = "cost_exceeds_gain"
 ACCEPTED = "accepted"
+WAITS_BALANCED = "waits_balanced"  # neither stage's wait exceeds wait_ratio x the other's + wait_floor_s
+PACED = "paced"  # an instance switched less than wait_pace_s ago, or is switching now
 
 
 @dataclass(frozen=True)
@@ -86,14 +99,22 @@ class PlannerConfig:
     cost_aware: bool = True  # False: skip condition 4
     pay_factor: float = 1.0  # condition 4 asks gain > pay_factor x cost: room for forecast error
     prefill_first: bool = True  # a short prefill below its target is fed first (see condition 2)
+    # opt-in (the simulator's --planner waits, the server's --prorsa-wait-rule): with measured waits and a queue,
+    # the wait rule decides (module docstring)
+    wait_balance: bool = False
+    wait_ratio: float = 1.3  # the longer wait must exceed wait_ratio x the shorter ...
+    wait_floor_s: float = 2.0  # ... plus this, so that two short queues never move an instance
+    wait_pace_s: float = 30.0  # at most one wait-driven switch per this many seconds, cluster-wide
 
     def __post_init__(self) -> None:
-        for name in ("min_dwell_s", "hysteresis", "short_margin", "dwell_switch_costs"):
+        for name in ("min_dwell_s", "hysteresis", "short_margin", "dwell_switch_costs", "wait_floor_s", "wait_pace_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be finite and >= 0, got {value}")
         if not (math.isfinite(self.pay_factor) and self.pay_factor >= 1):
             raise ValueError(f"pay_factor must be finite and >= 1, got {self.pay_factor}")
+        if not (math.isfinite(self.wait_ratio) and self.wait_ratio >= 1):
+            raise ValueError(f"wait_ratio must be finite and >= 1, got {self.wait_ratio}")
         if self.lookahead_horizons < 1:
             raise ValueError(f"lookahead_horizons must be >= 1, got {self.lookahead_horizons}")
         if self.min_prefill < 0 or self.min_decode < 0:
@@ -102,12 +123,13 @@ class PlannerConfig:
     @classmethod
     def unguarded(cls) -> PlannerConfig:
         """The paper's planner as written: chase Eq. 1's target, least-loaded first, no guard of any kind."""
-        return cls(min_dwell_s=0.0, hysteresis=0.0, dwell_switch_costs=0.0, need_based=False, cost_aware=False)
+        return cls(min_dwell_s=0.0, hysteresis=0.0, dwell_switch_costs=0.0, need_based=False, cost_aware=False,
+                   wait_balance=False)
 
     @property
     def guarded(self) -> bool:
         return self.need_based or self.cost_aware or self.hysteresis > 0 or self.min_dwell_s > 0 or \
-            self.dwell_switch_costs > 0
+            self.dwell_switch_costs > 0 or self.wait_balance
 
     def dwell_s(self, switch_s: float) -> float:
         return max(self.min_dwell_s, self.dwell_switch_costs * switch_s)
@@ -130,6 +152,7 @@ class PlanContext:
     # Decode instances' worth of requests decode holds now (running and queued: the larger of its KV and slot
     # terms). Unlike the decode demand it includes no admissions that prefill has yet to feed (condition 2).
     decode_held: float = 0.0
+    waits: StageWaits | None = None  # measured expected waits per stage (waits.py); None: not known yet
 
     def __post_init__(self) -> None:
         if not self.prefill_demand or len(self.prefill_demand) != len(self.decode_demand):
@@ -240,6 +263,9 @@ class SwitchPlanner:
 
         minimum = {Role.PREFILL: cfg.min_prefill, Role.DECODE: cfg.min_decode}
         below_min = [r for r in Role if current[r] < minimum[r]]
+        waits = context.waits
+        if cfg.wait_balance and waits is not None and not below_min and waits.queued(cfg.wait_floor_s):
+            return self._balance_waits(reports, allocation, now, waits, base, minimum)
         worst = {r: context.demand(r).coverage(current[r]) for r in Role}
         if below_min:
             dst = below_min[0]
@@ -338,6 +364,38 @@ class SwitchPlanner:
             blocked_by_dwell=min(blocked, (missing - moved) * math.ceil(gpus[dst] / gpus[src]))
             if reason == NO_ELIGIBLE else 0, new_instances=moved,
             shortfall=max(0, missing - moved) if reason is not None else 0)
+
+    # ----- the wait rule -----
+    def _balance_waits(self, reports, allocation, now: float, waits: StageWaits, base: SwitchPlan,
+                       minimum: dict[Role, int]) -> SwitchPlan:
+        """One move toward the stage with the longer expected wait, or a hold that says why (module docstring)."""
+        cfg = self.config
+        if waits.decode_s > cfg.wait_ratio * waits.prefill_s + cfg.wait_floor_s:
+            dst = Role.DECODE
+        elif waits.prefill_s > cfg.wait_ratio * waits.decode_s + cfg.wait_floor_s:
+            dst = Role.PREFILL
+        else:
+            return dataclasses.replace(base, hold_reason=WAITS_BALANCED)
+        if any(r.status in (InstanceStatus.DRAINING, InstanceStatus.SWITCHING) or
+               (r.role_since is not None and now - r.role_since < cfg.wait_pace_s) for r in reports):
+            return dataclasses.replace(base, hold_reason=PACED)
+        src = dst.other
+        gpus = {Role.PREFILL: allocation.gpus_per_prefill, Role.DECODE: allocation.gpus_per_decode}
+        candidates, _ = self._eligible(reports, src, now)
+        group, freed = [], 0
+        while candidates and freed < gpus[dst]:
+            group.append(candidates.pop(0))
+            freed += group[-1].gpus
+        if freed < gpus[dst]:
+            return dataclasses.replace(base, hold_reason=NO_ELIGIBLE)
+        ids = tuple(r.instance_id for r in group)
+        costs = {r.instance_id: switch_cost(r, self.cost, 0.0, gpus[Role.PREFILL]).total_gpu_s for r in group}
+        if base.current[src] - len(group) < minimum[src]:
+            considered = Considered(ids, src, dst, 0.0, sum(costs.values()), False, DONOR_AT_MINIMUM)
+            return dataclasses.replace(base, considered=(considered,), hold_reason=DONOR_AT_MINIMUM)
+        considered = Considered(ids, src, dst, 0.0, sum(costs.values()), True, ACCEPTED)
+        switches = tuple(Switch(r.instance_id, src, dst, float(r.load()), 0.0, costs[r.instance_id]) for r in group)
+        return dataclasses.replace(base, switches=switches, considered=(considered,), new_instances=1)
 
     def _both_short(self, n: dict[Role, int], context: PlanContext) -> bool:
         """Prefill short of its demand and decode short of what it already holds. Decode's forecast demand alone

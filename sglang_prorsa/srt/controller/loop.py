@@ -19,6 +19,7 @@ from sglang_prorsa.policy.role_switch.capacity import CannotDecide
 from sglang_prorsa.policy.role_switch.controller import ControlInputs, ControllerConfig, RoleSwitchController
 from sglang_prorsa.policy.role_switch.planner import PlannerConfig
 from sglang_prorsa.policy.role_switch.theta import ThetaConfig, ThetaModel, ThetaSample
+from sglang_prorsa.policy.role_switch.waits import CompletionRate
 from sglang_prorsa.srt.common.registry import Instance, Registry, State
 from sglang_prorsa.srt.controller.health import Health
 from sglang_prorsa.srt.controller.http import Http
@@ -53,7 +54,8 @@ class ControlLoop:
         # measured; never the front's PD round trips (they time transfers, not prefill).
         self.theta = ThetaModel(ThetaConfig(per_new_token_s=1.0 / PROFILED_THETA_P, reference_prompt_tokens=1024.0))
         planner = PlannerConfig(min_dwell_s=config.prorsa_min_dwell_s, hysteresis=config.prorsa_hysteresis,
-                                dwell_switch_costs=config.prorsa_dwell_switch_costs)
+                                dwell_switch_costs=config.prorsa_dwell_switch_costs,
+                                wait_balance=config.prorsa_wait_rule)
         self.controller = RoleSwitchController(ControllerConfig(horizon_s=config.prorsa_horizon_s, planner=planner),
                                                self.theta, clock)
         self.decisions = 0
@@ -61,6 +63,7 @@ class ControlLoop:
         self.cannot_decide: dict[str, str] | None = None  # why the last tick could not decide (code, error)
         self.busy_intervals = 0
         self.last_tick_at: float | None = None  # time.monotonic() of the last decision
+        self.decode_rate = CompletionRate()  # decode completions per second, for the planner's wait rule (waits.py)
         self._tasks: list[asyncio.Task] = []
 
     def start(self) -> None:
@@ -170,10 +173,11 @@ class ControlLoop:
             self.held_ticks += 1
             return {"held_by": self.orchestrator.held_by, "forecast": forecast.to_dict(), "executed": []}
         src = forecast.sources
+        self.decode_rate.observe(self.last_tick_at, self.control_plane.tracker.decode_ends_total)
         control = ControlInputs(
             forecast.prefill_tokens, forecast.decode_kv_tokens,
             prefill_backlog_tokens=min(forecast.prefill_tokens, max(0.0, float(src.backlog))),
-            paused=bool(self.control_plane.tracker.paused))
+            paused=bool(self.control_plane.tracker.paused), decode_completions_per_s=self.decode_rate.per_s())
         try:
             decision = self.controller.tick(control, self.registry.reports())
         except CannotDecide as e:

@@ -141,3 +141,34 @@ def test_observing_the_cluster_does_not_change_the_run(monkeypatch):
     assert frozen.switches == 0 and frozen.steps_done == static.steps_done == 3
     assert frozen.step_times_s == static.step_times_s
     assert frozen.events == static.events
+
+
+def test_the_driver_measures_decode_completions_and_the_wait_rule_decides_with_them(monkeypatch):
+    """The driver reads the tracker's decode_end count at each tick: the rate it passes is the completions of the
+    last minute over the span read, and with ``planner="waits"`` a tick with a queue is decided by the wait rule."""
+    from sglang_prorsa.policy.role_switch.controller import RoleSwitchController
+    from sglang_prorsa.policy.role_switch.planner import PACED, WAITS_BALANCED
+    from sglang_prorsa.sim.runner import simulate
+
+    seen = []
+    tick = RoleSwitchController.tick
+
+    def spy(self, control, reports, profile=None):
+        decision = tick(self, control, reports, profile)
+        seen.append((self._clock.now(), control.decode_completions_per_s, decision.demand["waits"],
+                     decision.hold_reason, len(decision.plan.switches)))
+        return decision
+
+    monkeypatch.setattr(RoleSwitchController, "tick", spy)
+    rollout = RolloutConfig(preset="coding_agent", staleness=1, group_size=8, groups_per_step=16, steps=3)
+    result = simulate(load_model("mimo_v25_pro"), ClusterConfig(gpus=128, mode="adaptive", planner="waits"), rollout)
+    assert result.steps_done == 3
+    assert seen[0][1] is None and seen[0][2] is None  # one reading: no rate, no waits, the forecast rules decide
+    measured = [s for s in seen if s[1] is not None and s[1] > 0]
+    assert measured and all(s[2] is not None for s in measured)
+    by_wait = [s for s in measured if max(s[2].values()) > 2.0]  # a queue somewhere: the wait rule's ticks
+    assert by_wait
+    assert all(s[3] in (WAITS_BALANCED, PACED, None, "no_eligible_instance", "donor_at_minimum") for s in by_wait)
+    assert all(s[4] <= 1 for s in by_wait)  # one move at a time
+    with pytest.raises(ValueError, match="planner"):
+        ClusterConfig(gpus=128, mode="adaptive", planner="nope")

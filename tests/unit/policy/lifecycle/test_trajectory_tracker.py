@@ -194,3 +194,17 @@ def test_the_engines_late_report_of_a_response_the_trainer_acted_on_does_not_rew
     # Receipt-stamped states (a sender that gave no ts) never make later events late.
     tr.apply(LifecycleEvent("u", K.SAMPLED), 20.0)  # ts None: stamped on receipt
     assert tr.get("u").stamped is False
+
+
+def test_decode_ends_are_counted_once_each():
+    # the decode completion rate of the planner's wait rule (role_switch/waits.py) is read from this counter
+    tr = TrajectoryTracker()
+    events = full_trajectory()
+    for event in events[:7]:  # through the first decode_end
+        tr.apply(event)
+    assert tr.decode_ends_total == 1
+    assert tr.apply(events[6]) is not Outcome.APPLIED  # the same decode_end again
+    assert tr.decode_ends_total == 1
+    for event in events[7:]:
+        tr.apply(event)
+    assert tr.decode_ends_total == 2 and tr.finished_total == 1

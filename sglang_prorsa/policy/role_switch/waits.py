@@ -1,0 +1,96 @@
+"""Stage waits: how long work arriving now would wait at each stage (beyond the paper).
+
+A turn of a trajectory waits at prefill, then for a decode slot. When the cluster is GPU-bound both stages hold
+queues, and Eq. 1's demands do not say which stage bounds the rollout: its decode term is the KV decode holds, queue
+included, so the queue the current split causes reads as demand for more decode. Traced on the Qwen3-like general
+agent (staleness 2, 32 groups, 12 seeds): Eq. 1 asked for about 6:26 at most ticks while the fastest static split
+was 12:20; adaptive sat between 14:18 and 8:24 and took 1.108x the best static's step time. In the static runs the
+expected waits explain the landscape: at 8:24 prefill holds 9.0 M tokens and decode none, at 16:16 decode holds 530
+requests in queue and prefill 0.75 M tokens, at 12:20 (the fastest) both hold about as much time of work.
+
+The planner's wait rule (planner.py; opt-in) therefore moves one instance at a time from the stage with the shorter
+wait to the one with the longer, while one is more than ``wait_ratio`` times the other plus ``wait_floor_s``; while neither
+wait exceeds ``wait_floor_s`` (no queue), the forecast rules act instead, ahead of the work. Both waits come from
+what the engines report now and one measured rate, through Little's law:
+
+    prefill_s = (queued + in-flight prompt tokens on the active prefill instances) / (n^P · θ^P)
+    decode_s  = requests waiting for a decode slot / decode completions per second (the last ``window_s`` seconds)
+
+θ^P is the prefill throughput of one instance at the current mix (theta.py). The decode completion rate is counted
+from the trajectories' ``decode_end`` events (``CompletionRate``); until it is measured, the waits are unknown and
+the planner keeps its forecast rules. With the rule, the Qwen3-like cells come within 1.02 but for one (1.073), and
+the MiMo-like math cells lose: each step's opening prefill burst draws a decode instance away and back
+(benchmarks/results/wait_rule_ab); hence opt-in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sglang_prorsa.policy.role_switch.capacity import InstanceReport, InstanceStatus, Role
+
+DEFAULT_RATE_WINDOW_S = 60.0  # long enough to hold many completions, short enough to follow a weight update
+
+
+@dataclass(frozen=True)
+class StageWaits:
+    """Expected seconds a request arriving now waits at each stage."""
+
+    prefill_s: float
+    decode_s: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.prefill_s) and self.prefill_s >= 0 and math.isfinite(self.decode_s)
+                and self.decode_s >= 0):
+            raise ValueError(f"waits must be finite and >= 0, got {self.prefill_s}, {self.decode_s}")
+
+    def queued(self, floor_s: float) -> bool:
+        """Whether either stage holds more than ``floor_s`` seconds of waiting work."""
+        return max(self.prefill_s, self.decode_s) > floor_s
+
+    def to_dict(self) -> dict:
+        return {"prefill_s": self.prefill_s, "decode_s": self.decode_s}
+
+
+def stage_waits(reports: Sequence[InstanceReport], theta_per_instance: float,
+                decode_completions_per_s: float | None) -> StageWaits | None:
+    """The two waits (module docstring), or None when they cannot be told: no completion rate measured yet, no
+    active prefill instance, or no prefill throughput."""
+    if decode_completions_per_s is None or not decode_completions_per_s > 0 or not theta_per_instance > 0:
+        return None
+    prefill = [r for r in reports if r.role is Role.PREFILL and r.status is InstanceStatus.ACTIVE]
+    if not prefill:
+        return None
+    queued_tokens = sum(r.prefill_load for r in prefill)
+    queued_requests = sum(r.queued_requests for r in reports if r.role is Role.DECODE)
+    return StageWaits(queued_tokens / (len(prefill) * theta_per_instance),
+                      queued_requests / decode_completions_per_s)
+
+
+class CompletionRate:
+    """Completions per second over the last ``window_s`` seconds, from a cumulative counter read at each tick."""
+
+    def __init__(self, window_s: float = DEFAULT_RATE_WINDOW_S) -> None:
+        if not (math.isfinite(window_s) and window_s > 0):
+            raise ValueError(f"window_s must be finite and > 0, got {window_s}")
+        self.window_s = window_s
+        self._samples: deque[tuple[float, int]] = deque()
+
+    def observe(self, now: float, total: int) -> None:
+        """The counter read ``total`` at ``now``. Keeps the newest reading at or before the window's start."""
+        samples = self._samples
+        if samples and (now < samples[-1][0] or total < samples[-1][1]):
+            samples.clear()  # the clock or the counter went back (a restarted control plane): start over
+        samples.append((now, total))
+        while len(samples) > 1 and samples[1][0] <= now - self.window_s:
+            samples.popleft()
+
+    def per_s(self) -> float | None:
+        """The rate over the span the readings cover (at most about one window); None before two readings."""
+        if len(self._samples) < 2:
+            return None
+        (t0, n0), (t1, n1) = self._samples[0], self._samples[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 else None
