@@ -309,11 +309,8 @@ class SwitchPlanner:
         while True:
             if n[dst] >= base.target[dst] and n[dst] >= minimum[dst]:
                 break  # Eq. 1's bound reached
-            group, freed = [], 0
-            while candidates and freed < gpus[dst]:
-                group.append(candidates.pop(0))
-                freed += group[-1].gpus
-            if freed < gpus[dst]:
+            group = _take_donors(candidates, gpus[dst])
+            if group is None:
                 reason = NO_ELIGIBLE
                 break
             ids = tuple(r.instance_id for r in group)
@@ -382,11 +379,8 @@ class SwitchPlanner:
         src = dst.other
         gpus = {Role.PREFILL: allocation.gpus_per_prefill, Role.DECODE: allocation.gpus_per_decode}
         candidates, _ = self._eligible(reports, src, now)
-        group, freed = [], 0
-        while candidates and freed < gpus[dst]:
-            group.append(candidates.pop(0))
-            freed += group[-1].gpus
-        if freed < gpus[dst]:
+        group = _take_donors(candidates, gpus[dst])
+        if group is None:
             return dataclasses.replace(base, hold_reason=NO_ELIGIBLE)
         ids = tuple(r.instance_id for r in group)
         costs = {r.instance_id: switch_cost(r, self.cost, 0.0, gpus[Role.PREFILL]).total_gpu_s for r in group}
@@ -463,6 +457,16 @@ class SwitchPlanner:
         return dataclasses.replace(
             base, switches=tuple(switches), blocked_by_dwell=min(blocked, max(0, wanted)) if shortfall else 0,
             shortfall=shortfall, new_instances=new_instances)
+
+
+def _take_donors(candidates: list[InstanceReport], gpus: int) -> list[InstanceReport] | None:
+    """Pop candidates from the front until they free ``gpus`` GPUs (one instance of the growing role); None when the
+    candidates run out first (what was popped is spent: the caller stops looking)."""
+    group, freed = [], 0
+    while candidates and freed < gpus:
+        group.append(candidates.pop(0))
+        freed += group[-1].gpus
+    return group if freed >= gpus else None
 
 
 def _coverage(n: float, demand: float) -> float:
