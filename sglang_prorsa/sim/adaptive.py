@@ -216,7 +216,8 @@ class ControlPlaneDriver:
             prefill_backlog_tokens=min(forecast.prefill_tokens, forecast.sources.backlog) + untracked,
             decode_requests_forecast=requests, working_set_tokens=working_set, burst_prefill_tokens=burst,
             burst_in_s=max(0.0, update_at - t) if update_at is not None else None,
-            decode_completions_per_s=self.decode_rate.per_s()), reports)
+            decode_completions_per_s=self.decode_rate.per_s(),
+            decode_requests_returning=cluster.untracked_prefill_requests()), reports)
         for switch in decision.plan.switches:
             cluster.start_switch(switch.instance_id, switch.dst, t)
             self.executed.append({"t": t, "instance": switch.instance_id, "from": switch.src.value,

@@ -213,6 +213,10 @@ class Cluster:
     def untracked_prefill_tokens(self) -> int:
         return sum(r.prompt - r.done for r in self._untracked)
 
+    def untracked_prefill_requests(self) -> int:
+        """Re-prefills in progress: requests that go back to decode once prefilled."""
+        return len(self._untracked)
+
     def awaiting_requests(self) -> int:
         return len(self._awaiting)
 

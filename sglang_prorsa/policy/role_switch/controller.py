@@ -116,10 +116,13 @@ class ControlInputs:
     # Decode completions per second over the last minute (decode_end events; waits.CompletionRate): the stage waits
     # are measured with it, and the planner's opt-in wait rule decides by them (waits.py). None: not measured yet
     decode_completions_per_s: float | None = None
+    # Requests of ``decode_kv_returning``: decode's queue in transit through a re-prefill. The wait rule counts them
+    # in decode's wait (waits.py): a weight update moves decode's queue into prefill, not out of the rollout
+    decode_requests_returning: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("prefill_tokens_forecast", "decode_kv_forecast", "cold_prefill_tokens", "burst_prefill_tokens",
-                     "decode_kv_returning"):
+                     "decode_kv_returning", "decode_requests_returning"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -179,6 +182,7 @@ class Decision:
                 "burst_in_s": control.burst_in_s,
                 "paused": control.paused,
                 "decode_completions_per_s": control.decode_completions_per_s,
+                "decode_requests_returning": control.decode_requests_returning,
                 "profile": asdict(self.profile) if self.profile is not None else None,
             },
             "allocation": allocation,
@@ -305,7 +309,8 @@ class RoleSwitchController:
                  for r in reports if r.status is InstanceStatus.ACTIVE}
         cache_loss = self._cache_loss(control, reports, windows[Role.PREFILL], inputs.theta_p, theta_cold)
         held = _decode_held(inputs, reports)
-        waits = stage_waits(reports, theta_mix, control.decode_completions_per_s) if control is not None else None
+        waits = stage_waits(reports, theta_mix, control.decode_completions_per_s,
+                            control.decode_requests_returning) if control is not None else None
         context = PlanContext(self.config.horizon_s, windows[Role.PREFILL], windows[Role.DECODE], costs, paused,
                               prefill_backlog=backlog, prefill_cache_loss=cache_loss, decode_held=held, waits=waits)
         plan = self._planner.plan(reports, allocation, now, context)

@@ -14,13 +14,22 @@ wait exceeds ``wait_floor_s`` (no queue), the forecast rules act instead, ahead 
 what the engines report now and one measured rate, through Little's law:
 
     prefill_s = (queued + in-flight prompt tokens on the active prefill instances) / (n^P · θ^P)
-    decode_s  = requests waiting for a decode slot / decode completions per second (the last ``window_s`` seconds)
+    decode_s  = (requests waiting for a decode slot + requests returning to decode) / decode completions per second
+                (the last ``window_s`` seconds)
 
 θ^P is the prefill throughput of one instance at the current mix (theta.py). The decode completion rate is counted
 from the trajectories' ``decode_end`` events (``CompletionRate``); until it is measured, the waits are unknown and
-the planner keeps its forecast rules. With the rule, the Qwen3-like cells come within 1.02 but for one (1.073), and
-the MiMo-like math cells lose: each step's opening prefill burst draws a decode instance away and back
-(benchmarks/results/wait_rule_ab); hence opt-in.
+the planner keeps its forecast rules.
+
+Requests returning to decode count in decode's queue. An asynchronous weight update sends every context in decode, or
+waiting for it, back through prefill (§3.1): at that tick decode's queue reads empty and prefill's long, and without
+them the rule moved a decode instance to prefill and back about 40 s later, at every update (the MiMo-like math agent
+at staleness 8: 1.122x the best static, 1.013 with them). Both waits above are measured, and accurate where checked
+(a never-switching run of the MiMo-like coding agent: estimated 1.1 s and 68.7 s at 3:5 against realised 3.0 s
+prefill and 70.3 s decode wait), but equal waits is not always the fastest split: where one instance is an eighth of
+the cluster the fastest split (2:6 there) holds three times more wait at decode than at prefill, the split that
+evens them (1:7) overloads prefill, and the rule moves between 2:6 and 4:4 (benchmarks/results/wait_rule_ab); hence
+opt-in.
 """
 
 from __future__ import annotations
@@ -56,16 +65,17 @@ class StageWaits:
 
 
 def stage_waits(reports: Sequence[InstanceReport], theta_per_instance: float,
-                decode_completions_per_s: float | None) -> StageWaits | None:
+                decode_completions_per_s: float | None, returning_requests: float = 0.0) -> StageWaits | None:
     """The two waits (module docstring), or None when they cannot be told: no completion rate measured yet, no
-    active prefill instance, or no prefill throughput."""
+    active prefill instance, or no prefill throughput. ``returning_requests``: decode's queue in transit through a
+    re-prefill, counted in decode's wait."""
     if decode_completions_per_s is None or not decode_completions_per_s > 0 or not theta_per_instance > 0:
         return None
     prefill = [r for r in reports if r.role is Role.PREFILL and r.status is InstanceStatus.ACTIVE]
     if not prefill:
         return None
     queued_tokens = sum(r.prefill_load for r in prefill)
-    queued_requests = sum(r.queued_requests for r in reports if r.role is Role.DECODE)
+    queued_requests = sum(r.queued_requests for r in reports if r.role is Role.DECODE) + returning_requests
     return StageWaits(queued_tokens / (len(prefill) * theta_per_instance),
                       queued_requests / decode_completions_per_s)
 

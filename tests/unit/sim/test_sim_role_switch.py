@@ -145,7 +145,8 @@ def test_observing_the_cluster_does_not_change_the_run(monkeypatch):
 
 def test_the_driver_measures_decode_completions_and_the_wait_rule_decides_with_them(monkeypatch):
     """The driver reads the tracker's decode_end count at each tick: the rate it passes is the completions of the
-    last minute over the span read, and with ``planner="waits"`` a tick with a queue is decided by the wait rule."""
+    last minute over the span read, and with ``planner="waits"`` a tick with a queue is decided by the wait rule.
+    Requests away for a re-prefill are passed as returning to decode."""
     from sglang_prorsa.policy.role_switch.controller import RoleSwitchController
     from sglang_prorsa.policy.role_switch.planner import PACED, WAITS_BALANCED
     from sglang_prorsa.sim.runner import simulate
@@ -156,7 +157,8 @@ def test_the_driver_measures_decode_completions_and_the_wait_rule_decides_with_t
     def spy(self, control, reports, profile=None):
         decision = tick(self, control, reports, profile)
         seen.append((self._clock.now(), control.decode_completions_per_s, decision.demand["waits"],
-                     decision.hold_reason, len(decision.plan.switches)))
+                     decision.hold_reason, len(decision.plan.switches), control.decode_requests_returning,
+                     control.decode_kv_returning))
         return decision
 
     monkeypatch.setattr(RoleSwitchController, "tick", spy)
@@ -170,5 +172,8 @@ def test_the_driver_measures_decode_completions_and_the_wait_rule_decides_with_t
     assert by_wait
     assert all(s[3] in (WAITS_BALANCED, PACED, None, "no_eligible_instance", "donor_at_minimum") for s in by_wait)
     assert all(s[4] <= 1 for s in by_wait)  # one move at a time
+    # re-prefills after the asynchronous weight updates: their requests are passed with their KV, never one alone
+    assert any(s[5] > 0 for s in seen)
+    assert all((s[5] > 0) == (s[6] > 0) for s in seen)
     with pytest.raises(ValueError, match="planner"):
         ClusterConfig(gpus=128, mode="adaptive", planner="nope")

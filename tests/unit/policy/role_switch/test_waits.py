@@ -45,6 +45,12 @@ def test_waits_follow_littles_law_per_stage():
     assert waits.to_dict() == {"prefill_s": 5.0, "decode_s": 10.0}
 
 
+def test_requests_returning_from_a_re_prefill_count_in_decodes_queue():
+    # a weight update sent 20 decode requests back through prefill: decode's queue is 30 + 10 + 20 = 60 requests at
+    # 4 completions/s = 15 s; prefill's wait is unchanged (their prompt tokens are already in its queue)
+    assert stage_waits(cluster(), 500.0, 4.0, returning_requests=20) == StageWaits(5.0, 15.0)
+
+
 @pytest.mark.parametrize("theta, rate", [(500.0, None), (500.0, 0.0), (0.0, 4.0)])
 def test_waits_are_unknown_without_a_rate_or_a_throughput(theta, rate):
     assert stage_waits(cluster(), theta, rate) is None
@@ -175,3 +181,25 @@ def test_the_controller_measures_the_waits_it_plans_with():
     assert off.demand["waits"]["decode_s"] == 20.0 and off.hold_reason != WAITS_BALANCED
     with pytest.raises(ValueError, match="decode_completions_per_s"):
         ControlInputs(1.0, 1.0, decode_completions_per_s=-1.0)
+
+
+def test_a_weight_update_does_not_pull_decode_instances_into_prefill():
+    """Right after an update decode's queue is in prefill's: counted where it returns, decode still has the longer
+    wait and no decode instance moves to prefill for the burst."""
+    clock = ManualClock(100.0)
+    reports = [prefill("p0", 30_000), decode("d0", 100), decode("d1", 100), decode("d2", 100)]
+    # prefill: 30,000 tokens / (1 x 1,000 tokens/s) = 30 s; decode's queue reads empty (0 s)
+    def tick(returning):
+        controller = RoleSwitchController(ControllerConfig(planner=WAIT_RULE),
+                                          ThroughputEstimator(ThroughputConfig(profiled_theta=1000.0), clock), clock)
+        return controller.tick(ControlInputs(30_000.0, 100.0, decode_completions_per_s=2.0,
+                                             decode_requests_returning=returning), reports)
+    burst = tick(0.0)  # 30 s > 1.3 x 0 s + 2 s: a decode instance moves to prefill
+    assert burst.demand["waits"] == {"prefill_s": 30.0, "decode_s": 0.0}
+    assert [(s.src, s.dst) for s in burst.plan.switches] == [(D, P)]
+    held = tick(60.0)  # the 60 requests being re-prefilled return to decode: 60 / 2 per s = 30 s of decode wait
+    assert held.demand["waits"] == {"prefill_s": 30.0, "decode_s": 30.0}
+    assert held.plan.switches == () and held.hold_reason == WAITS_BALANCED
+    assert held.to_dict()["inputs"]["decode_requests_returning"] == 60.0
+    with pytest.raises(ValueError, match="decode_requests_returning"):
+        ControlInputs(1.0, 1.0, decode_requests_returning=-1.0)
