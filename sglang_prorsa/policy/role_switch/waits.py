@@ -21,15 +21,11 @@ what the engines report now and one measured rate, through Little's law:
 from the trajectories' ``decode_end`` events (``CompletionRate``); until it is measured, the waits are unknown and
 the planner keeps its forecast rules.
 
-Requests returning to decode count in decode's queue. An asynchronous weight update sends every context in decode, or
-waiting for it, back through prefill (§3.1): at that tick decode's queue reads empty and prefill's long, and without
-them the rule moved a decode instance to prefill and back about 40 s later, at every update (the MiMo-like math agent
-at staleness 8: 1.122x the best static, 1.013 with them). Both waits above are measured, and accurate where checked
-(a never-switching run of the MiMo-like coding agent: estimated 1.1 s and 68.7 s at 3:5 against realised 3.0 s
-prefill and 70.3 s decode wait), but equal waits is not always the fastest split: where one instance is an eighth of
-the cluster the fastest split (2:6 there) holds three times more wait at decode than at prefill, the split that
-evens them (1:7) overloads prefill, and the rule moves between 2:6 and 4:4 (benchmarks/results/wait_rule_ab); hence
-opt-in.
+Requests returning to decode count in decode's queue: an asynchronous weight update sends every context in decode,
+or waiting for it, back through prefill (§3.1), and without them decode's queue reads empty at that tick and the rule
+moves a decode instance to prefill and back at every update. The rule is opt-in because equal waits is not always the
+fastest split, and a starved stage reads as idle; docs/controller.md has both traces and the measurements
+(benchmarks/results/wait_rule_ab).
 """
 
 from __future__ import annotations
