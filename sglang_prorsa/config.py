@@ -206,9 +206,9 @@ _HELP = {
     "prorsa_hysteresis": "Anti-flapping: coverage margin a new ratio must bring before switching (default: 0.1).",
     "prorsa_dwell_switch_costs": "Anti-flapping: an instance also keeps a new role at least this many times its "
     "last measured switch duration (default: 6; 0 together with --prorsa-min-dwell 0 turns the dwell guard off).",
-    "prorsa_wait_rule": "While either stage holds a queue, move one instance at a time toward the stage whose "
-    "measured wait is longer (queued work over its measured rate) instead of following Eq. 1's target; see "
-    "docs/controller.md (default: off).",
+    "prorsa_wait_rule": "While either stage holds a queue, move one instance at a time when the move shortens a "
+    "turn's summed measured wait (prefill's plus decode's, queued work over its measured rate) instead of following "
+    "Eq. 1's target; see docs/controller.md (default: off).",
     "prorsa_kv_store": "Where switched requests' KV pages persist: 'file' (one machine) or 'mooncake' (Mooncake "
     "Store, across machines).",
     "prorsa_kv_store_path": "Directory of the file KV store (default: a folder in the cache).",

@@ -34,14 +34,15 @@ Within that bound a switch is made only when all of these hold:
      weight update), the cost counts twice: the instance will have to switch back.
 
 **The wait rule** (opt-in, ``wait_balance``; waits known and a stage queued: ``PlanContext.waits``, waits.py, a wait
-above ``wait_floor_s``) replaces conditions 1-4 (beyond the paper). One instance moves from the stage with the
-shorter expected wait to the one with the longer, while the longer is more than ``wait_ratio`` times the shorter
-plus ``wait_floor_s``; least loaded first, never below a role's minimum, and
-at most one such move per ``wait_pace_s`` across the cluster (no instance active in its role for less than that, none
-mid-switch), which bounds the downtime it spends: one switch time per pace. Waits are measured, not forecast: they
-follow what the split does, where Eq. 1's decode term reads decode's own queue as demand. While neither stage holds
-a queue, or before a decode completion is measured, the rules above apply: they act on the forecast, ahead of the
-work (a surge of announced prompts), which a wait cannot show before it arrives.
+above ``wait_floor_s``) replaces conditions 1-4 (beyond the paper). One instance moves when the move shortens a
+turn's summed wait (prefill's plus decode's, each held to its queue over its instances, waits.move_shortens_waits):
+the receiving stage's wait must fall by more than ``wait_ratio`` times the donor's rise plus ``wait_floor_s`` over
+the receiver's instances; least loaded first, never below a role's minimum, and at most one such move per
+``wait_pace_s`` across the cluster (no instance active in its role for less than that, none mid-switch), which
+bounds the downtime it spends: one switch time per pace. Waits are measured, not forecast: they follow what the
+split does, where Eq. 1's decode term reads decode's own queue as demand. While neither stage holds a queue, or
+before a decode completion is measured, the rules above apply: they act on the forecast, ahead of the work (a surge
+of announced prompts), which a wait cannot show before it arrives.
 
 Candidates are taken cheapest first (lowest cost, then least loaded: the paper's choice when costs tie), one move at a
 time, until the receiver is no longer short, the target is reached or a condition fails. A role below its configured
@@ -71,7 +72,7 @@ from sglang_prorsa.policy.role_switch.cost import (
     switch_cost,
     switch_seconds,
 )
-from sglang_prorsa.policy.role_switch.waits import StageWaits
+from sglang_prorsa.policy.role_switch.waits import StageWaits, move_shortens_waits
 
 # Why a plan holds (``SwitchPlan.hold_reason``) or a candidate was refused (``Considered.reason``).
 PAUSED = "paused"  # the trainer paused generation: demand readings mean nothing now
@@ -82,7 +83,7 @@ DONOR_AT_MINIMUM = "donor_at_minimum"
 WITHIN_BAND = "within_hysteresis_band"  # the donor would be left below 1 + short_margin + hysteresis
 COST_EXCEEDS_GAIN = "cost_exceeds_gain"
 ACCEPTED = "accepted"
-WAITS_BALANCED = "waits_balanced"  # neither stage's wait exceeds wait_ratio x the other's + wait_floor_s
+WAITS_BALANCED = "waits_balanced"  # no move shortens the summed wait by the margin (move_shortens_waits)
 PACED = "paced"  # an instance switched less than wait_pace_s ago, or is switching now
 
 
@@ -102,8 +103,8 @@ class PlannerConfig:
     # opt-in (the simulator's --planner waits, the server's --prorsa-wait-rule): with measured waits and a queue,
     # the wait rule decides (module docstring)
     wait_balance: bool = False
-    wait_ratio: float = 1.3  # the longer wait must exceed wait_ratio x the shorter ...
-    wait_floor_s: float = 2.0  # ... plus this, so that two short queues never move an instance
+    wait_ratio: float = 1.3  # the receiver's fall in wait must exceed wait_ratio x the donor's rise ...
+    wait_floor_s: float = 2.0  # ... plus this over its instances + 1: a wait under it alone moves nothing
     wait_pace_s: float = 30.0  # at most one wait-driven switch per this many seconds, cluster-wide
 
     def __post_init__(self) -> None:
@@ -365,26 +366,36 @@ class SwitchPlanner:
     # ----- the wait rule -----
     def _balance_waits(self, reports, allocation, now: float, waits: StageWaits, base: SwitchPlan,
                        minimum: dict[Role, int]) -> SwitchPlan:
-        """One move toward the stage with the longer expected wait, or a hold that says why (module docstring)."""
+        """One move that shortens a turn's summed wait (waits.move_shortens_waits), or a hold that says why."""
         cfg = self.config
-        if waits.decode_s > cfg.wait_ratio * waits.prefill_s + cfg.wait_floor_s:
-            dst = Role.DECODE
-        elif waits.prefill_s > cfg.wait_ratio * waits.decode_s + cfg.wait_floor_s:
-            dst = Role.PREFILL
-        else:
+        n = base.current
+        gpus = {Role.PREFILL: allocation.gpus_per_prefill, Role.DECODE: allocation.gpus_per_decode}
+        donors = {r: math.ceil(gpus[r] / gpus[r.other]) for r in Role}  # instances of the other role one r needs
+        wait = {Role.PREFILL: waits.prefill_s, Role.DECODE: waits.decode_s}
+        shortens: Role | None = None  # the role a move into which shortens the summed wait
+        blocked: Role | None = None  # the role with the longer wait whose donor role has nothing to give
+        for role in Role:
+            if n[role.other] - donors[role] < max(1, minimum[role.other]):
+                if wait[role] > cfg.wait_ratio * wait[role.other] + cfg.wait_floor_s:
+                    blocked = role
+            elif move_shortens_waits(waits, role, n[role], n[role.other], donors[role], cfg.wait_ratio,
+                                     cfg.wait_floor_s):
+                shortens = role
+                break
+        dst = shortens if shortens is not None else blocked
+        if dst is None:
             return dataclasses.replace(base, hold_reason=WAITS_BALANCED)
         if any(r.status in (InstanceStatus.DRAINING, InstanceStatus.SWITCHING) or
                (r.role_since is not None and now - r.role_since < cfg.wait_pace_s) for r in reports):
             return dataclasses.replace(base, hold_reason=PACED)
         src = dst.other
-        gpus = {Role.PREFILL: allocation.gpus_per_prefill, Role.DECODE: allocation.gpus_per_decode}
         candidates, _ = self._eligible(reports, src, now)
         group = _take_donors(candidates, gpus[dst])
         if group is None:
             return dataclasses.replace(base, hold_reason=NO_ELIGIBLE)
         ids = tuple(r.instance_id for r in group)
         costs = {r.instance_id: switch_cost(r, self.cost, 0.0, gpus[Role.PREFILL]).total_gpu_s for r in group}
-        if base.current[src] - len(group) < minimum[src]:
+        if shortens is None or n[src] - len(group) < minimum[src]:
             considered = Considered(ids, src, dst, 0.0, sum(costs.values()), False, DONOR_AT_MINIMUM)
             return dataclasses.replace(base, considered=(considered,), hold_reason=DONOR_AT_MINIMUM)
         considered = Considered(ids, src, dst, 0.0, sum(costs.values()), True, ACCEPTED)

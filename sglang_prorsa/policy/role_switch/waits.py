@@ -8,10 +8,12 @@ was 12:20; adaptive sat between 14:18 and 8:24 and took 1.108x the best static's
 expected waits explain the landscape: at 8:24 prefill holds 9.0 M tokens and decode none, at 16:16 decode holds 530
 requests in queue and prefill 0.75 M tokens, at 12:20 (the fastest) both hold about as much time of work.
 
-The planner's wait rule (planner.py; opt-in) therefore moves one instance at a time from the stage with the shorter
-wait to the one with the longer, while one is more than ``wait_ratio`` times the other plus ``wait_floor_s``; while neither
-wait exceeds ``wait_floor_s`` (no queue), the forecast rules act instead, ahead of the work. Both waits come from
-what the engines report now and one measured rate, through Little's law:
+The planner's wait rule (planner.py; opt-in) therefore moves one instance at a time when the move shortens a turn's
+summed wait, prefill's plus decode's (``move_shortens_waits``); while neither wait exceeds ``wait_floor_s`` (no
+queue), the forecast rules act instead, ahead of the work. The sum, not equal waits: a turn passes both stages, so
+its time in the engines is the sum, and the fastest static split need not even the waits out (the MiMo-like coding
+agent at staleness 2: 2:6 fastest with decode's wait three times prefill's, docs/controller.md). Both waits come
+from what the engines report now and one measured rate, through Little's law:
 
     prefill_s = (queued + in-flight prompt tokens on the active prefill instances) / (n^P · θ^P)
     decode_s  = (requests waiting for a decode slot + requests returning to decode) / decode completions per second
@@ -23,8 +25,7 @@ the planner keeps its forecast rules.
 
 Requests returning to decode count in decode's queue: an asynchronous weight update sends every context in decode,
 or waiting for it, back through prefill (§3.1), and without them decode's queue reads empty at that tick and the rule
-moves a decode instance to prefill and back at every update. The rule is opt-in because equal waits is not always the
-fastest split, and a starved stage reads as idle; docs/controller.md has both traces and the measurements
+moves a decode instance to prefill and back at every update. docs/controller.md has the traces and the measurements
 (benchmarks/results/wait_rule_ab).
 """
 
@@ -74,6 +75,22 @@ def stage_waits(reports: Sequence[InstanceReport], theta_per_instance: float,
     queued_requests = sum(r.queued_requests for r in reports if r.role is Role.DECODE) + returning_requests
     return StageWaits(queued_tokens / (len(prefill) * theta_per_instance),
                       queued_requests / decode_completions_per_s)
+
+
+def move_shortens_waits(waits: StageWaits, dst: Role, n_dst: int, n_src: int, donors: int, ratio: float,
+                        floor_s: float) -> bool:
+    """Whether ``donors`` instances of the other stage becoming one more ``dst`` instance shortens a turn's summed
+    wait (beyond the paper). Each stage's queue is held and its wait taken as inverse to its instances (Little's
+    law: the same queue over more or fewer servers), so ``dst``'s wait falls by w_dst / (n_dst + 1) and the donor
+    stage's rises by w_src * donors / (n_src - donors). The fall must exceed ``ratio`` times the rise plus
+    ``floor_s`` / (n_dst + 1): with nothing to lose at the donor, ``dst``'s wait must itself exceed ``floor_s``.
+    A donor stage left with no instance never qualifies. With ``ratio`` >= 1 at most one direction qualifies."""
+    if n_src - donors < 1:
+        return False
+    w_dst, w_src = (waits.prefill_s, waits.decode_s) if dst is Role.PREFILL else (waits.decode_s, waits.prefill_s)
+    fall = w_dst / (n_dst + 1)
+    rise = w_src * donors / (n_src - donors)
+    return fall > ratio * rise + floor_s / (n_dst + 1)
 
 
 class CompletionRate:

@@ -106,7 +106,9 @@ def test_nothing_is_lost_at_a_fast_switch_rate(deployment):
     where = {k: computed_tokens(front, k) - before[k] for k in before}
     lost = engine_counter(front, "transfers_failed_prompt_tokens") - lost_before
     paths = {k: engine_counter(front, k) - paths_before[k] for k in RESTART_PATHS}
-    assert 0 <= extra <= moves * PAGE + lost, (extra, moves, lost, where, restarts, paths)
+    # A string, so that pytest prints it whole (it cuts the repr of other objects).
+    assert 0 <= extra <= moves * PAGE + lost, \
+        f"extra={extra} moves={moves} lost={lost} where={where} paths={paths} restarts={restarts}"
 
 
 def _kill_and_wait(front, inst: dict) -> None:

@@ -19,7 +19,7 @@ from sglang_prorsa.policy.role_switch.planner import (
     SwitchPlanner,
 )
 from sglang_prorsa.policy.role_switch.throughput import ThroughputConfig, ThroughputEstimator
-from sglang_prorsa.policy.role_switch.waits import CompletionRate, StageWaits, stage_waits
+from sglang_prorsa.policy.role_switch.waits import CompletionRate, StageWaits, move_shortens_waits, stage_waits
 
 P, D = Role.PREFILL, Role.DECODE
 
@@ -98,21 +98,46 @@ def three_three(**decode_kw):
             decode("d0", 800, **decode_kw), decode("d1", 300, **decode_kw), decode("d2", 600, **decode_kw)]
 
 
-def test_the_longer_wait_takes_the_least_loaded_instance_of_the_other_stage():
-    # decode waits 20 s > 1.3 x 5 s + 2 s = 8.5 s: the least loaded prefill instance (p0) moves to decode
+def test_a_move_that_shortens_the_summed_wait_takes_the_least_loaded_instance_of_the_other_stage():
+    # 3:3, decode 20 s, prefill 5 s. A fourth decode instance: decode's wait falls by 20/4 = 5 s; prefill's rises
+    # by 5 x 1/2 = 2.5 s. 5 > 1.3 x 2.5 + 2/4 = 3.75: the least loaded prefill instance (p0) moves to decode
     p = plan(three_three(), StageWaits(5.0, 20.0))
     assert [(s.instance_id, s.src, s.dst) for s in p.switches] == [("p0", P, D)]
     assert p.considered[0].reason == ACCEPTED and p.hold_reason is None
-    # prefill waits 20 s > 1.3 x 5 s + 2 s: the decode instance with the least KV (d1) moves to prefill
+    # the mirror image: the decode instance with the least KV (d1) moves to prefill
     p = plan(three_three(), StageWaits(20.0, 5.0))
     assert [(s.instance_id, s.src, s.dst) for s in p.switches] == [("d1", D, P)]
 
 
-@pytest.mark.parametrize("waits", [StageWaits(5.0, 8.5), StageWaits(8.5, 5.0), StageWaits(3.0, 5.0)])
-def test_waits_within_the_band_hold(waits):
-    # 8.5 s is exactly 1.3 x 5 s + 2 s: not more, so no move; 5 s is under 1.3 x 3 s + 2 s = 5.9 s
+@pytest.mark.parametrize("waits", [StageWaits(5.0, 15.0), StageWaits(15.0, 5.0), StageWaits(5.0, 8.5),
+                                   StageWaits(3.0, 5.0)])
+def test_waits_no_move_shortens_hold(waits):
+    # 3:3: 15 s falls by 15/4 = 3.75 s, exactly 1.3 x (5 x 1/2) + 2/4: not more, so no move. Under the rule's
+    # first form (move while the longer wait exceeds 1.3 x the shorter + 2 s) 15 s against 5 s moved
     p = plan(three_three(), waits)
     assert p.switches == () and p.hold_reason == WAITS_BALANCED
+
+
+def test_a_longer_wait_at_the_stage_with_more_instances_is_not_evened_out():
+    """Measured on the MiMo-like coding agent (staleness 2, 16 groups; never-switching runs): at 2:6, the fastest
+    split, prefill's wait read 13.8 s and decode's 39.8 s; at 3:5, 1.1 s and 68.7 s. Evening the waits out moved 2:6
+    toward decode; the summed wait holds there and moves 3:5 to 2:6."""
+    two_six = [prefill("p0", 100), prefill("p1", 900)] + [decode(f"d{k}", 100 * (k + 1)) for k in range(6)]
+    # a 3rd prefill: 13.8/3 = 4.6 s less, decode +39.8/5 = 8.0 s; a 7th decode: 39.8/7 = 5.7 s less, prefill +13.8 s
+    p = plan(two_six, StageWaits(13.8, 39.8))
+    assert p.switches == () and p.hold_reason == WAITS_BALANCED
+    three_five = [prefill("p0", 100), prefill("p1", 900), prefill("p2", 400)] + \
+        [decode(f"d{k}", 100 * (k + 1)) for k in range(5)]
+    # a 6th decode: 68.7/6 = 11.45 s less; prefill +1.1 x 1/2 = 0.55 s; 11.45 > 1.3 x 0.55 + 2/6
+    p = plan(three_five, StageWaits(1.1, 68.7))
+    assert [(s.instance_id, s.src, s.dst) for s in p.switches] == [("p0", P, D)]
+    assert move_shortens_waits(StageWaits(1.1, 68.7), D, 5, 3, 1, 1.3, 2.0)
+    assert not move_shortens_waits(StageWaits(13.8, 39.8), D, 6, 2, 1, 1.3, 2.0)
+    assert not move_shortens_waits(StageWaits(13.8, 39.8), P, 2, 6, 1, 1.3, 2.0)
+    # two donors for one receiver (instances of unequal size): 4 -> 2 donor instances, its wait rises by w x 2/2
+    assert move_shortens_waits(StageWaits(1.0, 40.0), D, 3, 4, 2, 1.3, 2.0)  # 40/4 = 10 > 1.3 x 1 + 2/4
+    assert not move_shortens_waits(StageWaits(20.0, 40.0), D, 3, 4, 2, 1.3, 2.0)  # 10 < 1.3 x 20 + 0.5
+    assert not move_shortens_waits(StageWaits(0.0, 40.0), D, 3, 1, 1, 1.3, 2.0)  # no donor left
 
 
 def test_with_no_queue_the_forecast_rules_act_ahead_of_the_work():
@@ -132,15 +157,17 @@ def test_with_no_queue_the_forecast_rules_act_ahead_of_the_work():
 
 def test_one_wait_move_per_pace_cluster_wide():
     recent = [prefill("p0", 100), prefill("p1", 900, role_since=80.0), decode("d0", 800), decode("d1", 300)]
-    p = plan(recent, StageWaits(5.0, 20.0), now=100.0)  # p1 got its role 20 s ago, less than the 30 s pace
+    # 2:2, decode 40 s: falls by 40/3 = 13.3 s against 1.3 x (5 x 1/1) + 2/3 = 7.2 s, a move is due
+    p = plan(recent, StageWaits(5.0, 40.0), now=100.0)  # p1 got its role 20 s ago, less than the 30 s pace
     assert p.switches == () and p.hold_reason == PACED
-    assert [s.instance_id for s in plan(recent, StageWaits(5.0, 20.0), now=110.0).switches] == ["p0"]
+    assert [s.instance_id for s in plan(recent, StageWaits(5.0, 40.0), now=110.0).switches] == ["p0"]
     switching = [prefill("p0", 100), prefill("p1", 900), decode("d0", 800),
                  decode("d1", 300, status=InstanceStatus.SWITCHING)]
-    assert plan(switching, StageWaits(5.0, 20.0)).hold_reason == PACED
+    assert plan(switching, StageWaits(5.0, 40.0)).hold_reason == PACED
 
 
 def test_the_wait_rule_never_empties_a_role():
+    # decode's 20 s is the longer wait (> 1.3 x 5 s + 2 s), but the one prefill instance cannot go
     reports = [prefill("p0", 100), decode("d0", 800), decode("d1", 300)]
     p = plan(reports, StageWaits(5.0, 20.0))
     assert p.switches == () and p.hold_reason == DONOR_AT_MINIMUM
