@@ -92,7 +92,7 @@ class Cluster:
         cached = inst.cached_tokens(rank, run)
         if cached > x:
             cached = x
-        req = Request(next(self._rid), run, x, cached, run.plan.turns[run.turn].output_tokens, cached=cached)
+        req = Request(next(self._rid), run, x, cached, run.plan.turns.output_tokens(run.turn), cached=cached)
         run.request = req
         self.lifecycle.request_arrived(run, x, inst.iid, t)
         self._add_prefill(inst, req, rank, t)

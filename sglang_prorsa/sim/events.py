@@ -18,6 +18,10 @@ class EventQueue:
         self.processed = 0
         self.stopped = False
 
+    def __len__(self) -> int:
+        """Actions pending."""
+        return len(self._heap)
+
     def stop(self) -> None:
         """End ``run`` after the current event."""
         self.stopped = True

@@ -23,6 +23,7 @@ Rollout settings (§2, §3.1):
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -68,11 +69,8 @@ class TrajectoryRun:
         """The plan's prompt length of request ``turn``, from prefix sums computed once (the plan's own method is
         O(turns) per call)."""
         if not self._prompts:
-            x, prompts = self.plan.first_prompt_tokens, []
-            for step in self.plan.turns:
-                prompts.append(x)
-                x += step.output_tokens + step.tool_result_tokens
-            self._prompts = tuple(prompts)
+            added = self.plan.turns.added_tokens()[:-1]  # the last turn's output starts no request
+            self._prompts = tuple(itertools.accumulate(added, initial=self.plan.first_prompt_tokens))
         return self._prompts[turn]
 
     @property

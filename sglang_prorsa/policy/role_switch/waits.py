@@ -2,17 +2,12 @@
 
 A turn of a trajectory waits at prefill, then for a decode slot. When the cluster is GPU-bound both stages hold
 queues, and Eq. 1's demands do not say which stage bounds the rollout: its decode term is the KV decode holds, queue
-included, so the queue the current split causes reads as demand for more decode. Traced on the Qwen3-like general
-agent (staleness 2, 32 groups, 12 seeds): Eq. 1 asked for about 6:26 at most ticks while the fastest static split
-was 12:20; adaptive sat between 14:18 and 8:24 and took 1.108x the best static's step time. In the static runs the
-expected waits explain the landscape: at 8:24 prefill holds 9.0 M tokens and decode none, at 16:16 decode holds 530
-requests in queue and prefill 0.75 M tokens, at 12:20 (the fastest) both hold about as much time of work.
+included, so the queue the current split causes reads as demand for more decode.
 
 The planner's wait rule (planner.py; opt-in) therefore moves one instance at a time when the move shortens a turn's
 summed wait, prefill's plus decode's (``move_shortens_waits``); while neither wait exceeds ``wait_floor_s`` (no
 queue), the forecast rules act instead, ahead of the work. The sum, not equal waits: a turn passes both stages, so
-its time in the engines is the sum, and the fastest static split need not even the waits out (the MiMo-like coding
-agent at staleness 2: 2:6 fastest with decode's wait three times prefill's, docs/controller.md). Both waits come
+its time in the engines is the sum, and the fastest static split need not even the waits out. Both waits come
 from what the engines report now and one measured rate, through Little's law:
 
     prefill_s = (queued + in-flight prompt tokens on the active prefill instances) / (n^P · θ^P)

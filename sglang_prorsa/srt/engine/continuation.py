@@ -96,8 +96,13 @@ class Continuation:
 
     def __init__(self, obj: Any, record: MigratedRequest, stitcher: Stitcher, headers: dict[str, str], *,
                  peers: PeerView, client: PeerClient, counters: collections.Counter[str], holder: str,
-                 aborted: Callable[[], bool] = lambda: False) -> None:
+                 aborted: Callable[[], bool] = lambda: False,
+                 decode_here: Callable[[], bool] = lambda: False) -> None:
         self.peers = peers
+        # Whether this instance serves decode now (its role, admission open, no switch): a request it took off for a
+        # reason other than its own switch (a KV transfer its prefill half's instance failed) may continue here when
+        # no other decode instance is active, rather than wait for one that a small deployment may not have.
+        self.decode_here = decode_here
         # The trainer aborted every request of the holder (abort_all, pause in abort mode) after this began: its
         # abort can reach the prefill instance first and fail the transfer that made this continuation, then reach
         # the holder while the continuation waits for a pair. Checked before each move: answered as aborted.
@@ -170,15 +175,15 @@ class Continuation:
         decode instances): neither, else another prefill instance, else another decode instance, else the same pair.
         A pair that keeps failing (a restarted instance still slow, a transfer path that times out) would otherwise
         take every move while another one is active."""
-        prefer = self._prompt_holder()
+        prefer, here = self._prompt_holder(), self.decode_here()
         if avoid:
             prefill, decode = avoid
             for exclude in ({prefill, decode}, {prefill}, {decode}):
                 try:
-                    return self.peers.pick_pair(exclude=exclude, prefer_prefill=prefer)
+                    return self.peers.pick_pair(exclude=exclude, prefer_prefill=prefer, decode_here=here)
                 except NoPair:
                     continue
-        return self.peers.pick_pair(prefer_prefill=prefer)
+        return self.peers.pick_pair(prefer_prefill=prefer, decode_here=here)
 
     def _prompt_holder(self) -> Peer | None:
         """A request restarted from its prompt (no KV persisted) goes back to the prefill instance it was paired with

@@ -61,21 +61,29 @@ class PeerView:
         if p is not None:
             self.peers[instance_id] = Peer(**{**vars(p), "status": status})
 
-    def pick(self, role: str, exclude: set[str] = frozenset()) -> Peer:
+    def pick(self, role: str, exclude: set[str] = frozenset(), self_last: bool = False) -> Peer:
+        """The least loaded active peer of ``role``, never this instance unless ``self_last`` and no other is active
+        (this instance, listed active in that role, then serves the continuation itself)."""
         cands = [p for p in self.peers.values()
                  if p.role == role and p.active and p.instance_id not in exclude and p.instance_id != self.self_id]
+        me = self.peers.get(self.self_id)
+        if not cands and self_last and me is not None and me.role == role and me.active and \
+                me.instance_id not in exclude:
+            cands = [me]
         if not cands:
             raise NoPair(f"no active {role} peer to continue on")
         return min(cands, key=lambda p: (self.inflight.get(p.instance_id, 0), p.instance_id))
 
-    def pick_pair(self, exclude: set[str] = frozenset(), prefer_prefill: Peer | None = None) -> tuple[Peer, Peer]:
-        """The least loaded active pair; ``prefer_prefill`` (when it is still an active prefill peer) as its prefill."""
+    def pick_pair(self, exclude: set[str] = frozenset(), prefer_prefill: Peer | None = None,
+                  decode_here: bool = False) -> tuple[Peer, Peer]:
+        """The least loaded active pair; ``prefer_prefill`` (when it is still an active prefill peer) as its prefill;
+        ``decode_here``: this instance may be the decode half when no other decode peer is active."""
         p = prefer_prefill
         if p is not None and p.instance_id not in exclude and p.instance_id != self.self_id:
             now = self.peers.get(p.instance_id)
             if now is not None and now.role == "prefill" and now.active:
-                return now, self.pick("decode", exclude)
-        return self.pick("prefill", exclude), self.pick("decode", exclude)
+                return now, self.pick("decode", exclude, decode_here)
+        return self.pick("prefill", exclude), self.pick("decode", exclude, decode_here)
 
     def by_bootstrap(self, host: str | None, port: int | None) -> Peer | None:
         for p in self.peers.values():

@@ -62,8 +62,13 @@ class EngineSide:
         self.events = EngineEvents(spec.controller_url, self.client)
         self.aborts = AbortRecords(self.book, self.counters, self.tm_view, self.pairs, lambda: self.user_aborts)
         self.resumer = Resumer(self.tm_view, self.peers, self.client, self.pairs, self.counters, self.instance_id,
-                               lambda: self.user_aborts)
+                               lambda: self.user_aborts, self.serves_decode)
         self.orphan_watch = OrphanWatch(self.scheduler, self.pairs, self.counters)
+
+    def serves_decode(self) -> bool:
+        """Whether a decode request arriving here now would be served here (hooks.py hands it on otherwise)."""
+        return (self.role == "decode" and self.switch is None and self.admission.admitting
+                and not self.admission.rebuilding)
 
     async def start(self) -> None:
         """On the loop that serves the tokenizer manager, once: by the first HTTP request (``middleware.py``) or the
@@ -131,9 +136,10 @@ class _NoState:
 class Resumer:
     def __init__(self, tm: TokenizerManagerView, peers: PeerView, client: PeerClient, pairs: PairHalves,
                  counters: collections.Counter[str], instance_id: str,
-                 user_aborts: Callable[[], int] = lambda: 0) -> None:
+                 user_aborts: Callable[[], int] = lambda: 0, decode_here: Callable[[], bool] = lambda: False) -> None:
         self.tm = tm
         self.user_aborts = user_aborts  # the trainer's abort-all calls seen here (EngineSide.user_aborts)
+        self.decode_here = decode_here  # this instance serves decode now: a continuation may stay (Continuation)
         self.peers = peers
         self.client = client
         self.pairs = pairs
@@ -165,7 +171,8 @@ class Resumer:
         try:
             continuation = Continuation(obj, record, stitcher, headers, peers=self.peers, client=self.client,
                                         counters=self.counters, holder=self.instance_id,
-                                        aborted=lambda: self.user_aborts() != aborts_at_start)
+                                        aborted=lambda: self.user_aborts() != aborts_at_start,
+                                        decode_here=self.decode_here)
             async for out in continuation.run():
                 yield out
         except SuspectedPoison as e:

@@ -27,7 +27,7 @@ class Client:
         self.peers = SimpleNamespace(pick_pair=self.pick_pair, acquire=lambda p, d: None,
                                      release=lambda p, d: None, by_bootstrap=lambda h, p: None)
 
-    def pick_pair(self, exclude=frozenset(), prefer_prefill=None):
+    def pick_pair(self, exclude=frozenset(), prefer_prefill=None, decode_here=False):
         n = len(self.sent)
         return (Peer(f"p{n}", f"http://p{n}", "prefill", "active", "127.0.0.1", 1, 0),
                 Peer(f"d{n}", f"http://d{n}", "decode", "active", "127.0.0.1", None, 0))

@@ -26,7 +26,7 @@ class Client:
         self.picks = 0
         self.peers = SimpleNamespace(pick_pair=self.pick_pair, acquire=lambda *p: None, release=lambda *p: None)
 
-    def pick_pair(self, exclude=frozenset(), prefer_prefill=None):
+    def pick_pair(self, exclude=frozenset(), prefer_prefill=None, decode_here=False):
         k, self.picks = self.picks, self.picks + 1
         return (Peer(f"p{k}", f"http://p{k}", "prefill", "active", "127.0.0.1", 7000 + k, 0),
                 Peer("d0", "http://d0", "decode", "active", "127.0.0.1", None, 0))

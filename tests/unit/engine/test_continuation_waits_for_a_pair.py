@@ -21,7 +21,7 @@ class Peers:
     def __init__(self, pair_after: int | None) -> None:
         self.pair_after, self.picks = pair_after, 0
 
-    def pick_pair(self, exclude=frozenset(), prefer_prefill=None):
+    def pick_pair(self, exclude=frozenset(), prefer_prefill=None, decode_here=False):
         self.picks += 1
         if self.pair_after is None or self.picks <= self.pair_after:
             raise NoPair("no active prefill peer to continue on")
@@ -90,3 +90,25 @@ def test_a_trainer_abort_while_waiting_for_a_pair_answers_aborted_at_once(monkey
     outs = asyncio.run(collect(c))
     assert outs == [ended["finish"]] and ended["finish"]["type"] == "abort"
     assert len(pauses) == 3 and c.moves == 0 and c.counters["continuations_aborted"] == 1
+
+
+@pytest.mark.parametrize("serves_decode, expected", [(True, ("p", "holder")), (False, None)])
+def test_the_only_decode_instance_continues_on_itself_when_it_serves_decode(monkeypatch, serves_decode, expected):
+    """A request whose KV transfer its prefill instance failed, held by the only active decode instance (the
+    two-host test's abort loop: one decode instance left after two switches): continued on itself at once while it
+    serves decode, else it waits the whole NO_PAIR_WAIT_S for another decode peer and fails (a 503 resume_failed)."""
+    from sglang_prorsa.srt.engine.peer_client import ResumeFailed
+    from sglang_prorsa.srt.engine.peers import PeerView
+
+    view = PeerView("holder")
+    view.update([Peer("p", "http://p", "prefill", "active", "127.0.0.1", 1, 0),
+                 Peer("holder", "http://holder", "decode", "active", "127.0.0.1", None, 0)])
+    c, pauses = continuation(monkeypatch, view)
+    c.decode_here = lambda: serves_decode
+    if expected is None:
+        with pytest.raises(ResumeFailed, match="no active decode peer"):
+            asyncio.run(collect(c))
+        assert sum(pauses) == pytest.approx(cont.NO_PAIR_WAIT_S)
+    else:
+        outs = asyncio.run(collect(c))
+        assert [o["to"] for o in outs] == [expected] and pauses == []

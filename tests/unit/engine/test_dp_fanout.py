@@ -166,7 +166,7 @@ class Client:
         self.bodies: dict[str, dict] = {}
         self.load_records: list[MigratedRequest] = []
 
-        def pick_pair(exclude=frozenset(), prefer_prefill=None):
+        def pick_pair(exclude=frozenset(), prefer_prefill=None, decode_here=False):
             return (Peer("p0", "http://p0", "prefill", "active", "127.0.0.1", 7000, 0),
                     Peer("d0", "http://d0", "decode", "active", "127.0.0.1", None, 0))
 

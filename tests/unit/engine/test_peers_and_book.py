@@ -26,6 +26,28 @@ def test_pairs_avoid_this_instance_inactive_peers_and_busy_ones():
         view.pick("decode")
 
 
+def test_this_instance_is_the_decode_half_only_when_allowed_and_no_other_decode_peer_is_active():
+    """The only decode instance of a small deployment restarts a request whose KV transfer was lost on itself; with
+    another decode peer active, or while it is not itself listed active as decode, it never picks itself."""
+    view = PeerView("me")
+    view.update([peer("me", "decode"), peer("p1", "prefill"), peer("d1", "decode", status="switching")])
+    with pytest.raises(NoPair):
+        view.pick_pair()  # not allowed: it waits for another decode peer, as a switching holder must
+    p, d = view.pick_pair(decode_here=True)
+    assert (p.instance_id, d.instance_id) == ("p1", "me")
+    with pytest.raises(NoPair):
+        view.pick("decode", exclude={"me"}, self_last=True)  # a failed attempt here is avoided like any other
+    view.update([peer("me", "decode"), peer("d1", "decode", status="switching")])
+    with pytest.raises(NoPair):
+        view.pick("prefill", self_last=True)  # never a role it does not serve
+    view.update([peer("me", "decode"), peer("p1", "prefill"), peer("d1", "decode")])
+    view.acquire(view.peers["d1"], view.peers["d1"])
+    assert view.pick_pair(decode_here=True)[1].instance_id == "d1"  # another decode peer first, however busy
+    view.update([peer("me", "decode", status="draining"), peer("p1", "prefill")])
+    with pytest.raises(NoPair):
+        view.pick_pair(decode_here=True)  # listed draining: not itself either
+
+
 def test_a_restart_from_the_prompt_prefers_its_old_prefill_while_it_still_serves_as_prefill():
     view = PeerView("me")
     view.update([peer("p1", "prefill"), peer("p2", "prefill", port=7), peer("d1", "decode")])

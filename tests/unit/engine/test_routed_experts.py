@@ -143,7 +143,7 @@ class Client:
         self.bodies: list[dict] = []
         self.peers = SimpleNamespace(pick_pair=self.pick_pair, acquire=lambda *p: None, release=lambda *p: None)
 
-    def pick_pair(self, exclude=frozenset(), prefer_prefill=None):
+    def pick_pair(self, exclude=frozenset(), prefer_prefill=None, decode_here=False):
         return (Peer("p1", "http://p1", "prefill", "active", "127.0.0.1", 7001, 0),
                 Peer("d1", "http://d1", "decode", "active", "127.0.0.1", None, 0))
 

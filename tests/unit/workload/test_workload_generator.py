@@ -1,11 +1,14 @@
 """Synthetic workload: deterministic plans, a consistent event stream, and a replay that reports WAPE."""
 
+import dataclasses
+
 import pytest
 
 from sglang_prorsa.policy.forecast.sampler import InjectionConfig, InjectionPolicy
 from sglang_prorsa.policy.lifecycle.events import EventKind
 from sglang_prorsa.policy.lifecycle.tracker import TrajectoryTracker
 from sglang_prorsa.workload import TASKS, RolloutSimulator, WorkloadGenerator, preset, replay_workload
+from sglang_prorsa.workload.generator import TurnPlan, TurnPlans
 from sglang_prorsa.workload.presets import with_injection
 
 
@@ -29,6 +32,22 @@ def test_plans_are_deterministic_and_order_independent():
         t1.output_tokens + t1.tool_result_tokens
     math_plan = WorkloadGenerator(TASKS["math"], seed=1).plan(0)
     assert len(math_plan.turns) == 1 and math_plan.sandbox_mode is None
+
+
+def test_turns_are_stored_as_columns_and_read_back_as_the_turn_plans_given():
+    turns = (TurnPlan(120, "bash", 2.5, 300, 0.25), TurnPlan(7, "python", 0.1, 0, 1.0), TurnPlan(40, None, 0.0, 0, 0.0))
+    cols = TurnPlans(turns)
+    assert len(cols) == 3 and cols[1] == turns[1] and cols[-1] == turns[2] and list(cols) == list(turns)
+    assert cols == turns and turns == tuple(cols) and cols != turns[:2] and hash(cols) == hash(turns)
+    assert cols[1:] == turns[1:] and isinstance(cols[1:], TurnPlans) and cols[::2] == turns[::2]
+    assert cols.output_tokens(0) == 120 and cols.added_tokens() == [420, 7, 40]
+    with pytest.raises(IndexError):
+        cols[3]
+    plan = WorkloadGenerator(TASKS["coding_agent"], seed=7).plan(0)
+    again = dataclasses.replace(plan, turns=tuple(plan.turns))  # a tuple given is stored as columns, equal
+    assert isinstance(again.turns, TurnPlans) and again == plan and again.turns[0] == plan.turns[0]
+    # prompt lengths from the columns: the first prompt, then each earlier turn's output and tool result
+    assert dataclasses.replace(plan, first_prompt_tokens=100, turns=turns).prompt_tokens_at(2) == 100 + 420 + 7
 
 
 @pytest.mark.parametrize("name, mode", [("general_agent", "async"), ("coding_agent", "sync"), ("math", "sync")])
