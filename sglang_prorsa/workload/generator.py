@@ -75,16 +75,17 @@ class TurnPlans(Sequence[TurnPlan]):
                 return TurnPlans(self[i] for i in range(start, stop, step))
             return TurnPlans._columns(self._tokens[2 * start:2 * stop], self._seconds[2 * start:2 * stop],
                                       self._tools[start:stop])
-        tool = self._tools[k]  # raises IndexError past the end, as a tuple does
-        if k < 0:
-            k += len(self._tools)
-        tokens, seconds = self._tokens, self._seconds
-        return TurnPlan(tokens[2 * k], tool, seconds[2 * k], tokens[2 * k + 1], seconds[2 * k + 1])
+        n = len(self._tools)
+        if not -n <= k < n:
+            raise IndexError("turn index out of range")
+        return self._turn(k if k >= 0 else k + n)
 
     def __iter__(self) -> Iterator[TurnPlan]:
+        return map(self._turn, range(len(self._tools)))
+
+    def _turn(self, k: int) -> TurnPlan:
         tokens, seconds = self._tokens, self._seconds
-        for k, tool in enumerate(self._tools):
-            yield TurnPlan(tokens[2 * k], tool, seconds[2 * k], tokens[2 * k + 1], seconds[2 * k + 1])
+        return TurnPlan(tokens[2 * k], self._tools[k], seconds[2 * k], tokens[2 * k + 1], seconds[2 * k + 1])
 
     def output_tokens(self, k: int) -> int:
         """Turn ``k``'s output tokens without building its ``TurnPlan`` (the simulator's per-request path)."""
@@ -130,7 +131,7 @@ class TrajectoryPlan:
 
     def prompt_tokens_at(self, turn: int) -> int:
         """Full prompt length of request ``turn``: first prompt + earlier outputs and tool results."""
-        return self.first_prompt_tokens + sum(self.turns._tokens[:2 * turn])
+        return self.first_prompt_tokens + sum(self.turns.added_tokens()[:turn])
 
 
 class WorkloadGenerator:
@@ -144,22 +145,25 @@ class WorkloadGenerator:
         task = self.task
         rng = random.Random(f"{self.seed}/{task.name}/{index}")
         n_turns = max(1, round(task.turns.sample(rng)))
-        tokens, seconds, names = array("q"), array("d"), []  # TurnPlans' columns, filled in draw order
+        turns = []
         tools, cum_weights = task.tools, self._tool_cum_weights
         output_tokens, overhead_s = task.output_tokens.sample, task.agent_overhead_s.sample
         for k in range(n_turns):
             out = max(1, round(output_tokens(rng)))
             last = k == n_turns - 1 or not tools
             if last:
-                tokens.extend((out, 0))
-                seconds.extend((0.0, 0.0))
-                names.append(None)
+                turns.append(TurnPlan(out, None, 0.0, 0, 0.0))
                 continue
             tool = rng.choices(tools, cum_weights=cum_weights)[0]
-            duration = tool.duration_s.sample(rng)
-            tokens.extend((out, max(0, round(tool.result_tokens.sample(rng)))))
-            seconds.extend((duration, overhead_s(rng)))
-            names.append(tool.name)
+            turns.append(
+                TurnPlan(
+                    out,
+                    tool.name,
+                    tool.duration_s.sample(rng),
+                    max(0, round(tool.result_tokens.sample(rng))),
+                    overhead_s(rng),
+                )
+            )
         mode = None
         startup = 0.0
         if task.uses_sandbox:
@@ -171,7 +175,7 @@ class WorkloadGenerator:
             group_id=group_id,
             task=task.name,
             first_prompt_tokens=max(1, round(task.first_prompt_tokens.sample(rng))),
-            turns=TurnPlans._columns(tokens, seconds, tuple(names)),
+            turns=TurnPlans(turns),
             sandbox_mode=mode,
             dispatch_s=task.dispatch_s.sample(rng),
             startup_s=startup,

@@ -66,9 +66,8 @@ class PeerView:
         (this instance, listed active in that role, then serves the continuation itself)."""
         cands = [p for p in self.peers.values()
                  if p.role == role and p.active and p.instance_id not in exclude and p.instance_id != self.self_id]
-        me = self.peers.get(self.self_id)
-        if not cands and self_last and me is not None and me.role == role and me.active and \
-                me.instance_id not in exclude:
+        me = self.peers.get(self.self_id) if self_last and not cands else None
+        if me is not None and me.role == role and me.active and me.instance_id not in exclude:
             cands = [me]
         if not cands:
             raise NoPair(f"no active {role} peer to continue on")
