@@ -17,8 +17,18 @@ GPUs): 1 is linear growth, below 1 better. A mode's verdict reads it at the larg
 The same ratio from the next smaller size alone (``step_linearity``; the verdict's ``last_step_*``) tells a one-time
 rise, such as the working set outgrowing the CPU's caches, from growth that goes on.
 
+The work apart from the machine (``--count-calls``, or ``--calls-only`` for that alone): one more run per cell under
+cProfile counts the Python function calls of a simulated hour. The count does not depend on the machine or its load
+(the same simulation gives the same count to about 0.01 %: only the order of sets of instances, hashed by address,
+moves a few calls), so where CPU time per event grows with the cluster while calls per
+event do not, the growth is the cost of each operation (the working set outgrowing the CPU's caches, the C-level
+log factors of heaps and dicts, which the count leaves out), not more operations. Its verdict at the largest size:
+"at most linear" when the calls per simulated hour grew at most ``WORK_TOLERANCE`` faster than the GPUs (their
+linearity, as the CPU's above); calls per event and events per GPU show which of the two moved. CPU per call
+(``us_per_call``) divides a cell's median CPU per event by its calls per event.
+
     python benchmarks/bench_sim_scale.py [--gpus 128 256 512 1024] [--modes colocated static adaptive] [--sim-hours 1]
-                                         [--repeats 3] [--json ...]
+                                         [--repeats 3] [--count-calls | --calls-only [--cpu-from JSON]] [--json ...]
     python benchmarks/bench_sim_scale.py --quick   # 128 and 256 GPUs, 0.05 simulated hour, 1 repeat; writes nothing
 """
 
@@ -43,20 +53,34 @@ RESULTS = ROOT / "benchmarks" / "results"
 MODES = ("colocated", "static", "adaptive")
 BASE_GPUS, BASE_GROUPS, BASE_PREFILL = 128, 8, 4  # bench_sim_speed.py's cluster, load and static split
 QUICK = {"gpus": [128, 256], "sim_hours": 0.05, "repeats": 1}
+# Python work per event growing with log2 of the cluster would be 43 % higher at 1,024 GPUs than at 128, with the
+# pool 700 %; 5 % leaves room for the scaled workloads being different draws (their events per GPU-hour differ by a
+# few per cent).
+WORK_TOLERANCE = 0.05
 ONE_RUN = """
 import json, sys, time
 from sglang_prorsa.sim.config import ClusterConfig, RolloutConfig, load_model
 from sglang_prorsa.sim.runner import simulate
 from sglang_prorsa.sim.profiling import ControlPlaneTimer
 
-timer = ControlPlaneTimer("lifecycle_events").install()
 mode, gpus, p, groups, hours = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+count = sys.argv[6] == "calls"
 rollout = RolloutConfig(preset="coding_agent", staleness=2, group_size=32, groups_per_step=groups, steps=10_000)
 cluster = ClusterConfig(gpus=gpus, mode=mode, prefill_instances=p, max_sim_s=3600.0 * hours)
-cpu0, wall0 = time.process_time(), time.perf_counter()
-r = simulate(load_model("mimo_v25_pro"), cluster, rollout)
-print(json.dumps({"cpu_s": time.process_time() - cpu0, "wall_s": time.perf_counter() - wall0, "sim_s": r.makespan_s,
-                  "events": r.events, "switches": r.switches, "steps": r.steps_done} | timer.report()))
+model = load_model("mimo_v25_pro")
+if count:  # the calls, not the time: no timer wrappers, and cProfile's overhead makes the CPU time meaningless
+    import cProfile, pstats
+    profile = cProfile.Profile()
+    r = profile.runcall(simulate, model, cluster, rollout)
+    print(json.dumps({"calls": pstats.Stats(profile).total_calls, "sim_s": r.makespan_s, "events": r.events,
+                      "switches": r.switches, "steps": r.steps_done}))
+else:
+    timer = ControlPlaneTimer("lifecycle_events").install()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    r = simulate(model, cluster, rollout)
+    print(json.dumps({"cpu_s": time.process_time() - cpu0, "wall_s": time.perf_counter() - wall0,
+                      "sim_s": r.makespan_s, "events": r.events, "switches": r.switches,
+                      "steps": r.steps_done} | timer.report()))
 """
 
 
@@ -166,6 +190,54 @@ def summarise(rows: list[dict]) -> dict:
     return {"cells": cells, "verdicts": verdicts}
 
 
+def summarise_calls(rows: list[dict], timed: dict | None = None) -> dict:
+    """Per (GPUs, mode) from one counted run each: Python calls per simulated hour, per event and per GPU; CPU per call
+    where ``timed`` (``summarise``'s result) has the cell; per mode the work verdict at the largest size (module
+    docstring)."""
+    cells: dict[str, dict] = {}
+    for mode in MODES:
+        for r in sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["gpus"]):
+            calls_per_event = r["calls"] / r["events"]
+            cell = {"gpus": r["gpus"], "mode": mode, "calls_per_sim_h": per_sim_hour(r["calls"], r["sim_s"]),
+                    "calls_per_event": calls_per_event,
+                    "calls_per_gpu_sim_h": per_sim_hour(r["calls"], r["sim_s"]) / r["gpus"],
+                    "events_per_gpu_sim_h": per_sim_hour(r["events"], r["sim_s"]) / r["gpus"]}
+            time_cell = (timed or {}).get("cells", {}).get(f"{r['gpus']}/{mode}")
+            if time_cell is not None:
+                cell["us_per_call"] = time_cell["us_per_event"] / calls_per_event
+            cells[f"{r['gpus']}/{mode}"] = cell
+    verdicts = {}
+    for mode in MODES:
+        mine = [c for c in cells.values() if c["mode"] == mode]
+        if not mine:
+            continue
+        base, top = mine[0], mine[-1]
+        for cell in mine:
+            cell["work_linearity"] = linearity(base["calls_per_sim_h"], cell["calls_per_sim_h"], base["gpus"],
+                                               cell["gpus"])
+        per_event = top["calls_per_event"] / base["calls_per_event"]
+        events = top["events_per_gpu_sim_h"] / base["events_per_gpu_sim_h"]
+        within = top["work_linearity"] <= 1 + WORK_TOLERANCE
+        verdicts[mode] = {"gpus": top["gpus"], "base_gpus": base["gpus"], "work_linearity": top["work_linearity"],
+                          "calls_per_event_ratio": per_event, "events_per_gpu_ratio": events,
+                          "tolerance": WORK_TOLERANCE, "verdict": "at most linear" if within else "super-linear"}
+    return {"cells": cells, "verdicts": verdicts}
+
+
+def calls_table(calls: dict) -> list[str]:
+    lines = [f"{'GPUs':>5} {'mode':<10} {'calls/sim-h':>14} {'calls/event':>11} {'calls/GPU/sim-h':>15} "
+             f"{'work linearity':>14} {'us/call':>8}"]
+    for c in calls["cells"].values():
+        per_call = f"{c['us_per_call']:8.3f}" if "us_per_call" in c else f"{'-':>8}"
+        lines.append(f"{c['gpus']:>5} {c['mode']:<10} {c['calls_per_sim_h']:14,.0f} {c['calls_per_event']:11.2f} "
+                     f"{c['calls_per_gpu_sim_h']:15,.0f} {c['work_linearity']:14.3f} {per_call}")
+    for mode, v in calls["verdicts"].items():
+        lines.append(f"{mode}: Python calls at {v['gpus']} GPUs: {v['work_linearity']:.3f} of linear; per event "
+                     f"{v['calls_per_event_ratio']:.3f}x, events per GPU {v['events_per_gpu_ratio']:.3f}x the "
+                     f"{v['base_gpus']}-GPU run's (tolerance {v['tolerance']:.2f}): {v['verdict']}")
+    return lines
+
+
 def table(summary: dict) -> list[str]:
     lines = [f"{'GPUs':>5} {'mode':<10} {'CPU s/sim-h (min-max)':>24} {'events/sim-h':>13} {'us/event':>9} "
              f"{'linearity':>9} {'last step':>9}   control plane (adaptive)"]
@@ -229,6 +301,33 @@ def draw(summary: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def draw_calls(calls: dict, path: Path) -> None:
+    """Python calls per GPU per simulated hour against GPUs: a flat line is linear work."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, mode in enumerate(MODES):
+        cells = [c for c in calls["cells"].values() if c["mode"] == mode]
+        if cells:
+            ax.plot([c["gpus"] for c in cells], [c["calls_per_gpu_sim_h"] for c in cells], marker="o", color=f"C{i}",
+                    label=mode)
+    gpus = sorted({c["gpus"] for c in calls["cells"].values()})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(gpus, [str(g) for g in gpus])
+    ax.minorticks_off()
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("GPUs (load in proportion)")
+    ax.set_ylabel("Python calls per GPU per simulated hour")
+    ax.set_title("flat: work linear in the cluster", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 # ----- running -----
 def snapshot(into: Path) -> tuple[Path, dict]:
     """A copy of the working tree's package under ``into`` (to import from), and where it came from."""
@@ -242,10 +341,12 @@ def snapshot(into: Path) -> tuple[Path, dict]:
     return into, {"commit": git("rev-parse", "--short", "HEAD") or None, "uncommitted": changed}
 
 
-def measure(tree: Path, mode: str, gpus: int, hours: float) -> dict:
+def measure(tree: Path, mode: str, gpus: int, hours: float, count_calls: bool = False) -> dict:
+    """One fresh process: its CPU time, or with ``count_calls`` its Python calls (module docstring)."""
     groups, prefill = scaled_load(gpus)
     env = dict(os.environ, PYTHONSAFEPATH="1", PYTHONPATH=str(tree))
-    args = [mode, str(gpus), str(prefill if mode == "static" else 0), str(groups), str(hours)]
+    args = [mode, str(gpus), str(prefill if mode == "static" else 0), str(groups), str(hours),
+            "calls" if count_calls else "time"]
     out = subprocess.run([sys.executable, "-c", ONE_RUN, *args], env=env, cwd=tempfile.gettempdir(), check=True,
                          capture_output=True, text=True)
     return {"gpus": gpus, "mode": mode, "groups_per_step": groups,
@@ -261,14 +362,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true",
                     help=f"{QUICK['gpus']} GPUs, {QUICK['sim_hours']} simulated hour, {QUICK['repeats']} repeat; "
                          "writes JSON/PNG only where --json/--png are given")
+    counting = ap.add_mutually_exclusive_group()
+    counting.add_argument("--count-calls", action="store_true",
+                          help="also count each cell's Python calls in one more run (deterministic work)")
+    counting.add_argument("--calls-only", action="store_true",
+                          help="only count the calls (no timed repeats); default outputs sim_scale_calls.json/.png")
+    ap.add_argument("--cpu-from", type=Path, default=None, metavar="JSON",
+                    help="with --calls-only: the timed run (a JSON this script wrote) whose CPU per event gives CPU "
+                         "per call")
     ap.add_argument("--json", type=Path, default=None, help=f"default {RESULTS / 'sim_scale.json'}")
     ap.add_argument("--png", type=Path, default=None, help=f"default {RESULTS / 'sim_scale.png'}")
     args = ap.parse_args(argv)
     if args.quick:
         args.gpus, args.sim_hours, args.repeats = list(QUICK["gpus"]), QUICK["sim_hours"], QUICK["repeats"]
     else:
-        args.json = args.json or RESULTS / "sim_scale.json"
-        args.png = args.png or RESULTS / "sim_scale.png"
+        name = "sim_scale_calls" if args.calls_only else "sim_scale"
+        args.json = args.json or RESULTS / f"{name}.json"
+        args.png = args.png or RESULTS / f"{name}.png"
+    if args.cpu_from is not None and not (args.calls_only and args.cpu_from.is_file()):
+        ap.error(f"--cpu-from needs --calls-only and an existing file, got {args.cpu_from}")
     if args.repeats < 1 or not args.sim_hours > 0:
         ap.error(f"--repeats must be >= 1 and --sim-hours > 0, got {args.repeats} and {args.sim_hours}")
     try:
@@ -282,22 +394,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    rows = []
+    rows, counted = [], []
+    timed_jobs = [] if args.calls_only else job_order(args.gpus, args.repeats, tuple(args.modes))
+    counted_jobs = [(g, m) for g in args.gpus for m in args.modes] if args.count_calls or args.calls_only else []
     with tempfile.TemporaryDirectory() as tmp:
         tree, source = snapshot(Path(tmp))
-        for i, gpus, mode in tqdm(job_order(args.gpus, args.repeats, tuple(args.modes)), desc="simulated stretches", unit="run"):
+        for i, gpus, mode in tqdm(timed_jobs, desc="simulated stretches", unit="run", disable=not timed_jobs):
             rows.append({"repeat": i} | measure(tree, mode, gpus, args.sim_hours))
-    summary = summarise(rows)
-    print(f"\n{args.sim_hours:g} simulated h per run, {args.repeats} repeat(s), medians (CPU s: min-max over repeats); "
+        for gpus, mode in tqdm(counted_jobs, desc="counted stretches", unit="run", disable=not counted_jobs):
+            counted.append(measure(tree, mode, gpus, args.sim_hours, count_calls=True))
+    summary = summarise(rows) if rows else {"cells": {}, "verdicts": {}}
+    out = {"gpus": args.gpus, "modes": args.modes, "sim_hours": args.sim_hours,
+           "repeats": 0 if args.calls_only else args.repeats, "tree": source, "summary": summary, "runs": rows}
+    print(f"\n{args.sim_hours:g} simulated h per run, {out['repeats']} timed repeat(s); "
           f"tree {source['commit']} with {len(source['uncommitted'])} uncommitted file(s) in sglang_prorsa/")
-    print("\n".join(table(summary)))
+    if rows:
+        print("medians (CPU s: min-max over repeats)")
+        print("\n".join(table(summary)))
+    if counted:
+        timed = json.loads(args.cpu_from.read_text())["summary"] if args.cpu_from else summary
+        out["cpu_from"] = str(args.cpu_from) if args.cpu_from else None
+        out["calls"] = summarise_calls(counted, timed)
+        out["counted_runs"] = counted
+        print("\n".join(calls_table(out["calls"])))
     if args.json:
-        args.json.write_text(json.dumps({"gpus": args.gpus, "modes": args.modes, "sim_hours": args.sim_hours,
-                                         "repeats": args.repeats,
-                                         "tree": source, "summary": summary, "runs": rows}, indent=1))
+        args.json.write_text(json.dumps(out, indent=1))
     if args.png:
-        draw(summary, args.png)
-    return summary
+        (draw_calls(out["calls"], args.png) if args.calls_only else draw(summary, args.png))
+    return out if counted else summary
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from sglang_prorsa.sim.instance import INF, Instance, Rank, Request
 from sglang_prorsa.sim.lifecycle_sink import Lifecycle
 from sglang_prorsa.sim.perf_model import PerfModel
 from sglang_prorsa.sim.routing_index import RoutingIndex
+from sglang_prorsa.sim.stage_clock import StageClock
 from sglang_prorsa.sim.trainer import Trainer, TrajectoryRun
 
 BALANCE_ABS, BALANCE_REL = 64, 1.5  # sglang-router cache_aware defaults (--balance-abs/rel-threshold)
@@ -74,6 +75,7 @@ class Cluster:
         self.switches: list[tuple[float, str, str]] = []  # (time, instance, new role)
         self._regroup: dict[Role, list[Instance]] = {Role.PREFILL: [], Role.DECODE: []}
         self.prefill_tokens = self.cached_tokens = 0  # prompt tokens prefilled and served from prefix caches
+        self.stage_clock: StageClock | None = None  # records each turn's stage times when set (stage_clock.py)
 
     def _new_instance(self, role: Role | None) -> Instance:
         perf = self.perf[Role.PREFILL if role is None else role]
@@ -95,6 +97,8 @@ class Cluster:
         req = Request(next(self._rid), run, x, cached, run.plan.turns.output_tokens(run.turn), cached=cached)
         run.request = req
         self.lifecycle.request_arrived(run, x, inst.iid, t)
+        if self.stage_clock is not None:
+            self.stage_clock.arrived(req, t)
         self._add_prefill(inst, req, rank, t)
 
     def weight_update(self, t: float) -> None:
@@ -125,6 +129,8 @@ class Cluster:
         req, run.request = run.request, None
         if req is None:
             return
+        if self.stage_clock is not None:
+            self.stage_clock.dropped(req)
         self._untracked.discard(req)
         self._src.pop(req, None)
         target = self._in_transfer.pop(req, None)
@@ -203,6 +209,8 @@ class Cluster:
         req.done = req.cached = 0
         req.untracked = True
         self._untracked.add(req)
+        if self.stage_clock is not None:
+            self.stage_clock.reprefilled(req)
         self._restart(req, t)
 
     def reprefill_tokens(self) -> int:
@@ -242,6 +250,8 @@ class Cluster:
             return False
         where[0].add_decode(req, where[1], t)  # admitted at once: a reservation, the regime is unchanged
         self._touch(where[0])
+        if self.stage_clock is not None:
+            self.stage_clock.admitted(req, t)
         return True
 
     def _drain(self, t: float) -> None:
@@ -278,6 +288,8 @@ class Cluster:
         run: TrajectoryRun = req.owner
         self._touch(inst)  # called from inst.advance, which has changed its load
         self.lifecycle.prefill_finished(inst.iid, req, t)
+        if self.stage_clock is not None:
+            self.stage_clock.prefilled(req, t)
         self._untracked.discard(req)
         self.prefill_tokens += req.prompt
         self.cached_tokens += req.cached
@@ -292,6 +304,8 @@ class Cluster:
         self._touch(inst)  # called from inst.advance, which has changed its load
         run.request = None
         self.lifecycle.decode_finished(run, t)
+        if self.stage_clock is not None:
+            self.stage_clock.decoded(req, t)
         self.trainer.on_decoded(run, t)
         if self._awaiting and inst.role is Role.DECODE:
             self._drain(t)

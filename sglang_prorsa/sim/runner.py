@@ -28,12 +28,14 @@ from sglang_prorsa.sim.metrics import (
     switches_per_step,
     window_dicts,
 )
+from sglang_prorsa.sim.stage_clock import StageClock
 from sglang_prorsa.sim.trainer import Trainer
 from sglang_prorsa.sim.workloads import workload_tasks
 
 
 def simulate(model: ModelConfig, cluster_cfg: ClusterConfig, rollout: RolloutConfig,
-             on_step: Callable[[int], None] | None = None) -> SimResult:
+             on_step: Callable[[int], None] | None = None, stage_clock: StageClock | None = None) -> SimResult:
+    """One simulation. ``stage_clock``: records each turn's stage times into it (stage_clock.py)."""
     started = time.perf_counter()
     tasks = workload_tasks(rollout.preset)
     events = EventQueue()
@@ -41,6 +43,7 @@ def simulate(model: ModelConfig, cluster_cfg: ClusterConfig, rollout: RolloutCon
     lifecycle = driver or NullLifecycle()
     trainer = Trainer(rollout, tasks, events, lifecycle.hint)
     cluster = Cluster(cluster_cfg, model, rollout, events, trainer, lifecycle)
+    cluster.stage_clock = stage_clock
     timeline: list[TimelinePoint] = []
     steps_seen = [0]
 

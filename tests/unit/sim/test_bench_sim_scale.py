@@ -103,6 +103,41 @@ def test_the_last_doubling_tells_a_one_time_rise_from_growth_that_goes_on(bench)
                                         "super-linear; from 256 GPUs 1.000 (limit 1.000): at most linear")
 
 
+def _counted(gpus, mode, calls, events, sim_s=3600.0):
+    return {"gpus": gpus, "mode": mode, "calls": calls, "events": events, "sim_s": sim_s, "switches": 0, "steps": 3}
+
+
+def test_counted_calls_tell_the_work_from_the_machine(bench):
+    rows = [
+        # colocated: 100 calls per event at 128 GPUs (1,000 events/h), 101 at 1,024 (8,080 events/h: 1 % more per
+        # GPU): 816,080 / 100,000 / 8 = 1.0201 of linear, within 5 %
+        _counted(128, "colocated", 100_000, 1_000), _counted(1024, "colocated", 816_080, 8_080),
+        # static, half an hour each: 50 -> 60 calls per event, events linear: 1.2 of linear
+        _counted(128, "static", 25_000, 500, 1800.0), _counted(1024, "static", 240_000, 4_000, 1800.0),
+    ]
+    timed = {"cells": {"128/colocated": {"us_per_event": 20.0}, "1024/colocated": {"us_per_event": 30.3}}}
+    calls = bench.summarise_calls(rows, timed)
+    cells, verdicts = calls["cells"], calls["verdicts"]
+    assert cells["128/colocated"]["calls_per_event"] == 100.0
+    assert cells["1024/colocated"]["calls_per_gpu_sim_h"] == pytest.approx(816_080 / 1024)
+    assert cells["1024/colocated"]["work_linearity"] == pytest.approx(1.0201)
+    # CPU per call: 20 us / 100 calls = 0.2 us; 30.3 us / 101 calls = 0.3 us: the operations got slower, not more
+    assert cells["128/colocated"]["us_per_call"] == pytest.approx(0.2)
+    assert cells["1024/colocated"]["us_per_call"] == pytest.approx(0.3)
+    assert verdicts["colocated"] == {"gpus": 1024, "base_gpus": 128, "work_linearity": pytest.approx(1.0201),
+                                     "calls_per_event_ratio": pytest.approx(1.01),
+                                     "events_per_gpu_ratio": pytest.approx(1.01), "tolerance": 0.05,
+                                     "verdict": "at most linear"}
+    assert cells["1024/static"]["calls_per_sim_h"] == 480_000 and "us_per_call" not in cells["1024/static"]
+    assert verdicts["static"]["work_linearity"] == pytest.approx(1.2)
+    assert verdicts["static"]["verdict"] == "super-linear"
+    lines = bench.calls_table(calls)
+    assert lines[-1] == ("static: Python calls at 1024 GPUs: 1.200 of linear; per event 1.200x, events per GPU "
+                         "1.000x the 128-GPU run's (tolerance 0.05): super-linear")
+    assert bench.summarise_calls([_counted(128, "adaptive", 10, 5)])["verdicts"]["adaptive"]["verdict"] == \
+        "at most linear"  # one size: linear by definition
+
+
 def test_modes_narrow_the_runs(bench):
     assert bench.job_order([128, 256], 1, ("colocated",)) == [(0, 128, "colocated"), (0, 256, "colocated")]
     assert bench.parse_args(["--modes", "static", "colocated"]).modes == ["static", "colocated"]
@@ -116,9 +151,16 @@ def test_arguments(bench):
     full = bench.parse_args([])
     assert full.gpus == [128, 256, 512, 1024] and full.repeats == 3 and full.sim_hours == 1.0
     assert full.json.name == "sim_scale.json" and full.png.name == "sim_scale.png"
-    for bad in (["--gpus", "100"], ["--repeats", "0"], ["--sim-hours", "0"]):
+    for bad in (["--gpus", "100"], ["--repeats", "0"], ["--sim-hours", "0"], ["--count-calls", "--calls-only"]):
         with pytest.raises(SystemExit):
             bench.parse_args(bad)
+    calls = bench.parse_args(["--calls-only"])
+    assert calls.calls_only and calls.json.name == "sim_scale_calls.json" and calls.png.name == "sim_scale_calls.png"
+    assert bench.parse_args(["--count-calls"]).json.name == "sim_scale.json"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--cpu-from", "results/sim_scale.json"])  # only with --calls-only
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--calls-only", "--cpu-from", "/no/such/file.json"])
 
 
 def test_quick_run_end_to_end(bench, tmp_path):
@@ -138,3 +180,22 @@ def test_quick_run_end_to_end(bench, tmp_path):
     assert adaptive["lifecycle_events_per_sim_h"] > 0 and adaptive["refreshes_per_sim_h"] > 0
     assert adaptive["refresh_ms_per_refresh"] > 0
     assert set(summary["verdicts"]) == {"colocated", "static", "adaptive"}
+
+
+def test_quick_counted_run_end_to_end(bench, tmp_path):
+    """The counted runs alone (no timed repeats). Two runs of one cell agree to far better than the tolerance: the
+    simulation is the same; only the order of sets of instances (hashed by address) moves a few calls."""
+    out, png = tmp_path / "calls.json", tmp_path / "calls.png"
+    result = bench.main(["--quick", "--calls-only", "--modes", "static", "--json", str(out), "--png", str(png)])
+    data = json.loads(out.read_text())
+    assert png.stat().st_size > 0 and data["runs"] == [] and data["repeats"] == 0
+    assert [(r["gpus"], r["mode"]) for r in data["counted_runs"]] == [(128, "static"), (256, "static")]
+    assert all(r["calls"] > r["events"] > 0 for r in data["counted_runs"])
+    assert set(result["calls"]["verdicts"]) == {"static"}
+    timed = tmp_path / "timed.json"  # CPU per call from a timed run's CPU per event
+    timed.write_text(json.dumps({"summary": {"cells": {"128/static": {"us_per_event": 40.0}}}}))
+    again = bench.main(["--quick", "--calls-only", "--modes", "static", "--gpus", "128", "--cpu-from", str(timed)])
+    assert again["counted_runs"][0]["events"] == data["counted_runs"][0]["events"]
+    cell = again["calls"]["cells"]["128/static"]
+    assert cell["us_per_call"] == pytest.approx(40.0 / cell["calls_per_event"])
+    assert again["counted_runs"][0]["calls"] == pytest.approx(data["counted_runs"][0]["calls"], rel=1e-3)
