@@ -364,7 +364,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "writes JSON/PNG only where --json/--png are given")
     counting = ap.add_mutually_exclusive_group()
     counting.add_argument("--count-calls", action="store_true",
-                          help="also count each cell's Python calls in one more run (deterministic work)")
+                          help="also count each cell's Python calls in one more run (work the machine's load does not move)")
     counting.add_argument("--calls-only", action="store_true",
                           help="only count the calls (no timed repeats); default outputs sim_scale_calls.json/.png")
     ap.add_argument("--cpu-from", type=Path, default=None, metavar="JSON",
@@ -393,6 +393,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    """Runs, prints, writes; returns the timed summary, or with counted runs the whole result (``calls`` in it)."""
     args = parse_args(argv)
     rows, counted = [], []
     timed_jobs = [] if args.calls_only else job_order(args.gpus, args.repeats, tuple(args.modes))
@@ -419,8 +420,10 @@ def main(argv: list[str] | None = None) -> dict:
         print("\n".join(calls_table(out["calls"])))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
-    if args.png:
-        (draw_calls(out["calls"], args.png) if args.calls_only else draw(summary, args.png))
+    if args.png and rows:
+        draw(summary, args.png)
+    if args.png and counted:  # beside the timed plot, or in its place with --calls-only
+        draw_calls(out["calls"], args.png if args.calls_only else args.png.with_name(f"{args.png.stem}_calls.png"))
     return out if counted else summary
 
 

@@ -192,6 +192,10 @@ def test_quick_counted_run_end_to_end(bench, tmp_path):
     assert [(r["gpus"], r["mode"]) for r in data["counted_runs"]] == [(128, "static"), (256, "static")]
     assert all(r["calls"] > r["events"] > 0 for r in data["counted_runs"])
     assert set(result["calls"]["verdicts"]) == {"static"}
+    both = bench.main(["--quick", "--count-calls", "--modes", "static", "--gpus", "128", "--png",
+                       str(tmp_path / "both.png")])
+    assert both["summary"]["cells"]["128/static"]["repeats"] == 1 and "128/static" in both["calls"]["cells"]
+    assert (tmp_path / "both.png").stat().st_size > 0 and (tmp_path / "both_calls.png").stat().st_size > 0
     timed = tmp_path / "timed.json"  # CPU per call from a timed run's CPU per event
     timed.write_text(json.dumps({"summary": {"cells": {"128/static": {"us_per_event": 40.0}}}}))
     again = bench.main(["--quick", "--calls-only", "--modes", "static", "--gpus", "128", "--cpu-from", str(timed)])
