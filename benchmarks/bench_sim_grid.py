@@ -82,7 +82,7 @@ def _run(job_args: tuple[Job, dict]) -> tuple[Job, dict]:
     model = load_model(opts["model"])
     cluster = ClusterConfig(gpus=opts["gpus"], mode=job.mode, prefill_instances=job.prefill_instances,
                             decode_shape=job.decode_shape, max_sim_s=opts["max_sim_s"],
-                            planner=opts.get("planner", "guarded"))
+                            planner=opts.get("planner", "guarded"), move_review=opts.get("move_review", False))
     warm = job.staleness + 1 if job.staleness else 0
     rollout = RolloutConfig(preset=job.preset, staleness=job.staleness, group_size=default_group_size(job.preset),
                             groups_per_step=job.groups, steps=opts["sync_steps"] if job.staleness == 0
@@ -450,6 +450,8 @@ def main() -> None:
     ap.add_argument("--wide", action="store_true", help="also run coding with stage-specific (wide) decode instances")
     ap.add_argument("--planner", choices=PLANNERS, default="guarded",
                     help="adaptive runs' planner: guarded, guarded with the wait rule (waits), or the paper's")
+    ap.add_argument("--move-review", action="store_true",
+                    help="adaptive runs undo each move after which decode's completions fell (review.py; not a default)")
     ap.add_argument("--no-speed", action="store_true")
     ap.add_argument("--speed-only", action="store_true",
                     help="measure only the speed; an existing grid.json in --out keeps its grid, only 'speed' changes")
@@ -466,7 +468,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     opts = {"model": args.model, "gpus": args.gpus, "sync_steps": args.sync_steps,
             "async_measured": args.async_measured, "max_sim_s": args.max_sim_s, "jobs": args.jobs,
-            "planner": args.planner,
+            "planner": args.planner, "move_review": args.move_review,
             "reused": reused_runs(args.reuse)}
     started = time.perf_counter()
     result: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "model": args.model}

@@ -52,6 +52,7 @@ from sglang_prorsa.policy.role_switch.capacity import CapacityConfig, InstanceRe
 from sglang_prorsa.policy.role_switch.controller import ControlInputs, ControllerConfig, RoleSwitchController
 from sglang_prorsa.policy.role_switch.cost import CostConfig
 from sglang_prorsa.policy.role_switch.planner import PlannerConfig
+from sglang_prorsa.policy.role_switch.review import ReviewConfig
 from sglang_prorsa.policy.role_switch.theta import ThetaConfig, ThetaModel, ThetaSample
 from sglang_prorsa.policy.role_switch.waits import CompletionRate
 from sglang_prorsa.sim.config import ClusterConfig, ModelConfig, RolloutConfig
@@ -127,6 +128,7 @@ class ControlPlaneDriver:
             cache_copies=1.0 if cluster.routing == "rank_aware" else float(perf.ranks),
             cost=CostConfig(default_switch_s=model.switch_s, kv_bytes_per_token=model.kv_bytes_per_token,
                             kv_move_gbytes_per_s=decode_perf.gpus * model.transfer_gbytes_per_s),
+            review=ReviewConfig() if cluster.move_review else None,
         ), self.theta, self.clock)
         self._buffer: list[tuple[float, int, LifecycleEvent]] = []
         self._seq = itertools.count()
@@ -217,7 +219,8 @@ class ControlPlaneDriver:
             decode_requests_forecast=requests, working_set_tokens=working_set, burst_prefill_tokens=burst,
             burst_in_s=max(0.0, update_at - t) if update_at is not None else None,
             decode_completions_per_s=self.decode_rate.per_s(),
-            decode_requests_returning=cluster.untracked_prefill_requests()), reports)
+            decode_requests_returning=cluster.untracked_prefill_requests(),
+            decode_completions_total=self.cp.tracker.decode_ends_total), reports)
         for switch in decision.plan.switches:
             cluster.start_switch(switch.instance_id, switch.dst, t)
             self.executed.append({"t": t, "instance": switch.instance_id, "from": switch.src.value,

@@ -198,6 +198,7 @@ class ClusterConfig:
     planner: str = "guarded"  # adaptive: our guarded planner, "waits" (it with the wait rule) or "paper" (Eq. 1, no guard)
     time_quantum_s: float = 0.25  # regime.py: a regime may run through completions this long (0 = exact)
     anticipate: bool = True  # adaptive: announce the re-prefill of a coming weight update (needs train_s > 0)
+    move_review: bool = False  # adaptive: each move undone if decode's completions fell (policy/role_switch/review.py)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -32,8 +32,9 @@ newest reading; rises pass at once), backlog vs arrivals, bursts announced ahead
 under the opt-in wait rule, prefix-cache pressure on prefill donors, what decode holds now (``decode_held``:
 the planner's test for both stages being short; with it the KV of contexts away for a re-prefill, so that a
 weight update that empties decode for a moment does not read as decode having room to give), ``paused`` (hold:
-demand read while the trainer paused generation is not demand), and the planner's need / hysteresis / dwell / cost
-conditions.
+demand read while the trainer paused generation is not demand), the planner's need / hysteresis / dwell / cost
+conditions, and the opt-in move review (``ControllerConfig.review``; review.py: a move undone when decode's
+completions fell after it, read from ``decode_completions_total``).
 
 A tick that cannot be decided raises ``CannotDecide`` (capacity.py) with a code: ``too_few_instances`` (the healthy
 GPUs cannot hold one instance per role: a front whose instances have not attached yet) or ``no_decode_capacity`` (no
@@ -45,6 +46,7 @@ KV pool known to size decode with; once one was seen, or a prefill instance repo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
@@ -67,7 +69,21 @@ from sglang_prorsa.policy.role_switch.capacity import (
     gpu_budget,
 )
 from sglang_prorsa.policy.role_switch.cost import CostConfig, SwitchCost, switch_cost
-from sglang_prorsa.policy.role_switch.planner import PlanContext, PlannerConfig, SwitchPlan, SwitchPlanner
+from sglang_prorsa.policy.role_switch.planner import (
+    Considered,
+    PlanContext,
+    PlannerConfig,
+    Switch,
+    SwitchPlan,
+    SwitchPlanner,
+)
+from sglang_prorsa.policy.role_switch.review import (
+    REFUSED_BY_REVIEW,
+    REVERTED,
+    REVIEWING,
+    MoveReview,
+    ReviewConfig,
+)
 from sglang_prorsa.policy.role_switch.theta import ThetaConfig, ThetaModel, ThetaSample
 from sglang_prorsa.policy.role_switch.throughput import ThroughputEstimator, WorkloadProfile
 from sglang_prorsa.policy.role_switch.waits import stage_waits
@@ -84,6 +100,9 @@ class ControllerConfig:
     smoothing: float = 0.5  # weight of the newest demand reading; 1 = no smoothing
     rise_at_once: bool = True  # demand = max(newest, smoothed): smoothing damps falls and noise dips, not rises
     cache_copies: float = 1.0  # prefix-cache copies of one trajectory's context (DP ranks it lands on; 1 = DP-aware)
+    # Each move judged by the decode completions it brought and undone if they fell (review.py); None (the default):
+    # no review. Opt-in in the simulator only (--move-review): measured, not kept as a default (review.py)
+    review: ReviewConfig | None = None
 
     def __post_init__(self) -> None:
         planner, allocator = self.planner, self.allocator
@@ -119,6 +138,9 @@ class ControlInputs:
     # Requests of ``decode_kv_returning``: decode's queue in transit through a re-prefill. The wait rule counts them
     # in decode's wait (waits.py): a weight update moves decode's queue into prefill, not out of the rollout
     decode_requests_returning: float = 0.0
+    # The decode_end counter since the control plane started (what decode_completions_per_s is counted from): the
+    # move review (review.py) compares it before and after each move. None: no review this tick
+    decode_completions_total: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("prefill_tokens_forecast", "decode_kv_forecast", "cold_prefill_tokens", "burst_prefill_tokens",
@@ -131,6 +153,9 @@ class ControlInputs:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be None or a finite number >= 0, got {value!r}")
+        total = self.decode_completions_total
+        if total is not None and (isinstance(total, bool) or not isinstance(total, int) or total < 0):
+            raise ValueError(f"decode_completions_total must be None or an int >= 0, got {total!r}")
         if self.cold_prefill_tokens > self.prefill_tokens_forecast:
             raise ValueError("cold_prefill_tokens cannot exceed prefill_tokens_forecast")
         if self.prefill_backlog_tokens is not None and self.prefill_backlog_tokens > self.prefill_tokens_forecast:
@@ -154,6 +179,7 @@ class Decision:
     theta_p_cold: float | None = None
     demand: dict = field(default_factory=dict)  # raw, smoothed and per-window demands in instances
     costs: dict[str, SwitchCost] = field(default_factory=dict)
+    review: dict | None = None  # the move review's state (review.py); None: no review
 
     @property
     def hold_reason(self) -> str | None:
@@ -183,6 +209,7 @@ class Decision:
                 "paused": control.paused,
                 "decode_completions_per_s": control.decode_completions_per_s,
                 "decode_requests_returning": control.decode_requests_returning,
+                "decode_completions_total": control.decode_completions_total,
                 "profile": asdict(self.profile) if self.profile is not None else None,
             },
             "allocation": allocation,
@@ -192,6 +219,7 @@ class Decision:
             "demand": self.demand,
             "costs": {iid: c.to_dict() for iid, c in sorted(self.costs.items())},
             "hold_reason": self.plan.hold_reason,
+            "review": self.review,
         }
 
 
@@ -205,6 +233,7 @@ class RoleSwitchController:
         self._smoothed: tuple[float, float] | None = None  # (a, b) in instances
         self._seen_decode_pool: int | None = None  # the last active decode pool reported (C^D_KV's fallback)
         self._last: Decision | None = None
+        self.review = MoveReview(config.review) if config.review is not None else None
 
     # ----- θ -----
     def observe(self, sample: ThetaSample) -> bool:
@@ -314,14 +343,48 @@ class RoleSwitchController:
         context = PlanContext(self.config.horizon_s, windows[Role.PREFILL], windows[Role.DECODE], costs, paused,
                               prefill_backlog=backlog, prefill_cache_loss=cache_loss, decode_held=held, waits=waits)
         plan = self._planner.plan(reports, allocation, now, context)
+        if self.review is not None:
+            plan = self._reviewed(plan, reports, now, control)
         a_s, b_s = self._smoothed or (allocation.prefill_demand, allocation.decode_demand)
         demand = {"prefill": allocation.prefill_demand, "decode": allocation.decode_demand,
                   "prefill_smoothed": a_s, "decode_smoothed": b_s,
                   "prefill_backlog": backlog, "prefill_cache_loss": cache_loss, "decode_held": held,
                   "waits": waits.to_dict() if waits is not None else None,
                   "windows": {"prefill": list(windows[Role.PREFILL]), "decode": list(windows[Role.DECODE])}}
-        self._last = Decision(now, inputs, allocation, plan, profile, measured, control, theta_cold, demand, costs)
+        self._last = Decision(now, inputs, allocation, plan, profile, measured, control, theta_cold, demand, costs,
+                              self.review.snapshot(now) if self.review is not None else None)
         return self._last
+
+    def _reviewed(self, plan: SwitchPlan, reports: Sequence[InstanceReport], now: float,
+                  control: ControlInputs | None) -> SwitchPlan:
+        """The planner's plan under the move review (review.py): the undoing of a move whose completions fell, a
+        hold while a move is under review or when this move was undone from this split lately, else the plan (put
+        under review)."""
+        review = self.review
+        assert review is not None
+        if control is None or control.decode_completions_total is None:
+            return plan
+        review.observe(now, control.decode_completions_total)
+        verdict = review.due(now)
+        if verdict is not None and verdict.undone:
+            moved = verdict.review
+            by_id = {r.instance_id: r for r in reports}
+            back = tuple(Switch(iid, moved.dst, moved.src, float(by_id[iid].load()))
+                         for iid in moved.instance_ids
+                         if iid in by_id and by_id[iid].role is moved.dst and by_id[iid].status is InstanceStatus.ACTIVE)
+            undo = Considered(tuple(s.instance_id for s in back), moved.dst, moved.src, 0.0, 0.0, bool(back), REVERTED)
+            return dataclasses.replace(plan, switches=back, considered=(undo,), new_instances=0, shortfall=0,
+                                       hold_reason=None if back else REVERTED)
+        if not plan.switches:
+            return plan
+        if review.holding(now):
+            return dataclasses.replace(plan, switches=(), new_instances=0, hold_reason=REVIEWING)
+        first = plan.switches[0]
+        split = plan.current[Role.PREFILL]
+        if review.refused(split, first.dst, now):
+            return dataclasses.replace(plan, switches=(), new_instances=0, hold_reason=REFUSED_BY_REVIEW)
+        review.start(now, tuple(s.instance_id for s in plan.switches), first.src, first.dst, split)
+        return plan
 
     def _cache_loss(self, control: ControlInputs | None, reports: Sequence[InstanceReport],
                     prefill_windows: tuple[float, ...], theta_mix: float, theta_cold: float) -> float:

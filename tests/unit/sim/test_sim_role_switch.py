@@ -177,3 +177,32 @@ def test_the_driver_measures_decode_completions_and_the_wait_rule_decides_with_t
     assert all((s[5] > 0) == (s[6] > 0) for s in seen)
     with pytest.raises(ValueError, match="planner"):
         ClusterConfig(gpus=128, mode="adaptive", planner="nope")
+
+
+def test_the_move_review_is_opt_in_and_reads_the_decode_end_counter(monkeypatch):
+    """With ``move_review`` the driver hands the controller the tracker's decode_end count at every tick and the
+    decision carries the review's state; without it there is no review (policy/role_switch/review.py)."""
+    from sglang_prorsa.policy.role_switch.controller import RoleSwitchController
+    from sglang_prorsa.sim.runner import simulate
+
+    seen = []
+    tick = RoleSwitchController.tick
+
+    def spy(self, control, reports, profile=None):
+        decision = tick(self, control, reports, profile)
+        seen.append((control.decode_completions_total, decision.review))
+        return decision
+
+    monkeypatch.setattr(RoleSwitchController, "tick", spy)
+    rollout = RolloutConfig(preset="coding_agent", staleness=1, group_size=8, groups_per_step=16, steps=3)
+    for review in (True, False):
+        seen.clear()
+        cluster = ClusterConfig(gpus=128, mode="adaptive", planner="waits", move_review=review)
+        assert simulate(load_model("mimo_v25_pro"), cluster, rollout).steps_done == 3
+        totals = [s[0] for s in seen]
+        assert all(isinstance(n, int) for n in totals) and totals == sorted(totals) and totals[-1] > 0
+        assert all((s[1] is not None) is review for s in seen)
+        if review:
+            last = seen[-1][1]
+            assert last["verdicts"] >= last["undone"] >= 0 and set(last) == {"pending", "last_verdict", "verdicts",
+                                                                              "undone", "refused"}
