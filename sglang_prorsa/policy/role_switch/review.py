@@ -28,7 +28,10 @@ above: 1.006 of the best static over 24 seeds on a 12-step window (held-out seed
 9 of 13 within against 12. Our reading, not traced: where the fastest schedule moves often, a hold of
 ``due_after_s`` after every move is too slow, and in synchronous steps the completion rate moves with the step's
 phases and undoes good moves. Reviewing only moves into prefill (the
-direction the trace blames) keeps the moves into decode free and takes the cell to 1.042. What it cannot tell
+direction the trace blames) keeps the moves into decode free and takes the cell to 1.042. In that cell the review
+freezes the split rather than finds it (seed 0: the first two wait-driven moves, from 11:21 either way, undone and
+refused for longer than the run; 11:21 is the best static split): refused for 300 s instead of 1,800 s, the cell is
+1.055. docs/controller.md has the verdicts. What it cannot tell
 apart: a fall in completions the move caused from one the workload brought at the same time (the end of a
 synchronous step, a paused trainer).
 """
