@@ -28,3 +28,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         tier = Path(item.path).resolve().relative_to(TESTS).parts[0]
         item.add_marker(getattr(pytest.mark, tier))
+    _last_in_package(items)
+
+
+def _last_in_package(items: list[pytest.Item]) -> None:
+    """Tests of a module that sets ``RUNS_LAST_IN_PACKAGE = True`` (it kills and restarts the package's shared
+    servers) run after the rest of their package, in the positions the package's tests already hold, so that no other
+    test of the package meets an instance restarted mid-package and the package's fixtures are set up once."""
+    last = {i for i, item in enumerate(items) if getattr(getattr(item, "module", None), "RUNS_LAST_IN_PACKAGE", False)}
+    for package in {Path(items[i].path).parent for i in last}:
+        slots = [i for i, item in enumerate(items) if Path(item.path).parent == package]
+        ordered = [items[i] for i in slots if i not in last] + [items[i] for i in slots if i in last]
+        for slot, item in zip(slots, ordered):
+            items[slot] = item

@@ -29,6 +29,7 @@ from tests_support import (
 from sglang_prorsa.testing.front_client import busiest, distinct_prompts, generate, run_all, switch
 
 pytestmark = pytest.mark.integration
+RUNS_LAST_IN_PACKAGE = True  # the kills restart the package's instances (tests/conftest.py orders it last)
 
 
 # The instances' counters of the ways a request can start again from its prompt: named when the bound fails.
