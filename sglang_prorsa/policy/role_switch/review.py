@@ -38,11 +38,11 @@ synchronous step, a paused trainer).
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass, field
 
 from sglang_prorsa.policy.role_switch.capacity import Role
+from sglang_prorsa.policy.role_switch.waits import CompletionRate
 
 REVIEWING = "reviewing"  # a move is under review: no other move until its verdict
 REFUSED_BY_REVIEW = "refused_by_review"  # this move, from this split, was undone less than block_s ago
@@ -109,32 +109,23 @@ class MoveReview:
     last_verdict: Verdict | None = None
     verdicts: int = 0
     undone: int = 0
-    _readings: list[tuple[float, int]] = field(default_factory=list)
+    _history: CompletionRate = field(init=False)
     _refused: dict[tuple[int, Role], float] = field(default_factory=dict)  # (split, direction) -> until
+
+    def __post_init__(self) -> None:
+        # back to the start of the before window of a move whose verdict is due now
+        cfg = self.config
+        self._history = CompletionRate(cfg.window_s, keep_s=2 * cfg.window_s + cfg.settle_s)
 
     def observe(self, now: float, completions_total: int) -> None:
         """The completion counter read ``completions_total`` at ``now``. A counter or clock that went back (a
         restarted control plane) starts the readings over and drops the move under review."""
-        readings = self._readings
-        if readings and (now < readings[-1][0] or completions_total < readings[-1][1]):
-            readings.clear()
+        if not self._history.observe(now, completions_total):
             self.pending = None
-        readings.append((now, completions_total))
-        keep_from = now - 2 * self.config.window_s - self.config.settle_s
-        cut = bisect.bisect_right(readings, (keep_from, math.inf)) - 1  # keep one reading at or before keep_from
-        if cut > 0:
-            del readings[:cut]
 
     def rate(self, t0: float, t1: float) -> float | None:
         """Completions per second between the readings at or before ``t0`` and ``t1``; None without both."""
-        a, b = self._at(t0), self._at(t1)
-        if a is None or b is None or not b[0] > a[0]:
-            return None
-        return (b[1] - a[1]) / (b[0] - a[0])
-
-    def _at(self, t: float) -> tuple[float, int] | None:
-        i = bisect.bisect_right(self._readings, (t, math.inf)) - 1
-        return self._readings[i] if i >= 0 else None
+        return self._history.rate(t0, t1)
 
     def holding(self, now: float) -> bool:
         """A move is under review and its verdict is not due yet."""
@@ -164,7 +155,8 @@ class MoveReview:
 
     def start(self, now: float, instance_ids: tuple[str, ...], src: Role, dst: Role, prefill_instances: int) -> bool:
         """Put a move made now under review; False (unreviewed) with less than ``window_s`` of readings behind it."""
-        if not self._readings or now - self._readings[0][0] < self.config.window_s:
+        first = self._history.first_s
+        if first is None or now - first < self.config.window_s:
             return False
         before = self.rate(now - self.config.window_s, now)
         if before is None:

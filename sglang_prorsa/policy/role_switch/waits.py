@@ -26,8 +26,8 @@ moves a decode instance to prefill and back at every update. docs/controller.md 
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -89,26 +89,53 @@ def move_shortens_waits(waits: StageWaits, dst: Role, n_dst: int, n_src: int, do
 
 
 class CompletionRate:
-    """Completions per second over the last ``window_s`` seconds, from a cumulative counter read at each tick."""
+    """Readings of a cumulative completion counter taken at each tick: the rate over the last ``window_s`` seconds
+    (the wait rule's) and between any two kept times (the move review's, review.py). Readings are kept for
+    ``keep_s`` seconds (at least the window), and one at or before that edge."""
 
-    def __init__(self, window_s: float = DEFAULT_RATE_WINDOW_S) -> None:
+    def __init__(self, window_s: float = DEFAULT_RATE_WINDOW_S, keep_s: float | None = None) -> None:
         if not (math.isfinite(window_s) and window_s > 0):
             raise ValueError(f"window_s must be finite and > 0, got {window_s}")
-        self.window_s = window_s
-        self._samples: deque[tuple[float, int]] = deque()
+        keep_s = window_s if keep_s is None else keep_s
+        if not (math.isfinite(keep_s) and keep_s >= window_s):
+            raise ValueError(f"keep_s must be finite and >= window_s, got {keep_s}")
+        self.window_s, self.keep_s = window_s, keep_s
+        self._readings: list[tuple[float, int]] = []
 
-    def observe(self, now: float, total: int) -> None:
-        """The counter read ``total`` at ``now``. Keeps the newest reading at or before the window's start."""
-        samples = self._samples
-        if samples and (now < samples[-1][0] or total < samples[-1][1]):
-            samples.clear()  # the clock or the counter went back (a restarted control plane): start over
-        samples.append((now, total))
-        while len(samples) > 1 and samples[1][0] <= now - self.window_s:
-            samples.popleft()
+    def observe(self, now: float, total: int) -> bool:
+        """The counter read ``total`` at ``now``. False when the clock or the counter went back (a restarted
+        control plane): the readings start over from this one."""
+        readings = self._readings
+        went_back = bool(readings) and (now < readings[-1][0] or total < readings[-1][1])
+        if went_back:
+            readings.clear()
+        readings.append((now, total))
+        cut = bisect.bisect_right(readings, (now - self.keep_s, math.inf)) - 1  # keep the one at or before the edge
+        if cut > 0:
+            del readings[:cut]
+        return not went_back
+
+    @property
+    def first_s(self) -> float | None:
+        """When the oldest kept reading was taken; None before any."""
+        return self._readings[0][0] if self._readings else None
 
     def per_s(self) -> float | None:
-        """The rate over the span the readings cover (at most about one window); None before two readings."""
-        if len(self._samples) < 2:
+        """The rate over the last window (from the newest reading at or before its start, else the oldest); None
+        before two readings."""
+        if len(self._readings) < 2:
             return None
-        (t0, n0), (t1, n1) = self._samples[0], self._samples[-1]
+        t1, n1 = self._readings[-1]
+        t0, n0 = self._at(t1 - self.window_s) or self._readings[0]
         return (n1 - n0) / (t1 - t0) if t1 > t0 else None
+
+    def rate(self, t0: float, t1: float) -> float | None:
+        """Completions per second between the readings at or before ``t0`` and ``t1``; None without both."""
+        a, b = self._at(t0), self._at(t1)
+        if a is None or b is None or not b[0] > a[0]:
+            return None
+        return (b[1] - a[1]) / (b[0] - a[0])
+
+    def _at(self, t: float) -> tuple[float, int] | None:
+        i = bisect.bisect_right(self._readings, (t, math.inf)) - 1
+        return self._readings[i] if i >= 0 else None

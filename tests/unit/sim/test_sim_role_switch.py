@@ -23,6 +23,23 @@ def build(mode="static", staleness=0, gpus=64, prefill=2, decode_shape="same"):
     return events, trainer, cluster
 
 
+@pytest.fixture
+def ticks(monkeypatch):
+    """Every control tick of the runs in a test: (time, its ControlInputs, its Decision)."""
+    from sglang_prorsa.policy.role_switch.controller import RoleSwitchController
+
+    seen = []
+    tick = RoleSwitchController.tick
+
+    def spy(self, control, reports, profile=None):
+        decision = tick(self, control, reports, profile)
+        seen.append((self._clock.now(), control, decision))
+        return decision
+
+    monkeypatch.setattr(RoleSwitchController, "tick", spy)
+    return seen
+
+
 def test_switch_takes_the_instance_out_for_switch_s_and_loses_no_trajectory():
     events, trainer, cluster = build()
     events.run(until=60.0)
@@ -93,22 +110,14 @@ def test_transfers_through_one_rank_queue_on_its_nics():
     assert prefill.ranks[0].nic_free == pytest.approx(10.0 + 2 * wire)
 
 
-def test_the_driver_hands_the_re_prefill_backlog_to_decode_as_kv_returning(monkeypatch):
+def test_the_driver_hands_the_re_prefill_backlog_to_decode_as_kv_returning(ticks):
     """After a weight update the engines re-prefill the contexts that were in decode: the driver gives those tokens as
     Ŵ^P's cold part and as decode KV returning, the same number at every tick (ControlInputs.decode_kv_returning)."""
-    from sglang_prorsa.policy.role_switch.controller import RoleSwitchController
     from sglang_prorsa.sim.runner import simulate
 
-    seen = []
-    tick = RoleSwitchController.tick
-
-    def spy(self, control, reports, profile=None):
-        seen.append((control.cold_prefill_tokens, control.decode_kv_returning))
-        return tick(self, control, reports, profile)
-
-    monkeypatch.setattr(RoleSwitchController, "tick", spy)
     result = simulate(load_model("mimo_v25_pro"), ClusterConfig(gpus=128, mode="adaptive"),
                       RolloutConfig(preset="coding_agent", staleness=1, group_size=8, groups_per_step=4, steps=3))
+    seen = [(control.cold_prefill_tokens, control.decode_kv_returning) for _, control, _ in ticks]
     assert result.steps_done == 3 and seen
     assert all(cold == returning for cold, returning in seen)
     assert any(returning > 0 for _, returning in seen)  # a weight update happened with contexts in decode
@@ -143,28 +152,19 @@ def test_observing_the_cluster_does_not_change_the_run(monkeypatch):
     assert frozen.events == static.events
 
 
-def test_the_driver_measures_decode_completions_and_the_wait_rule_decides_with_them(monkeypatch):
+def test_the_driver_measures_decode_completions_and_the_wait_rule_decides_with_them(ticks):
     """The driver reads the tracker's decode_end count at each tick: the rate it passes is the completions of the
     last minute over the span read, and with ``planner="waits"`` a tick with a queue is decided by the wait rule.
     Requests away for a re-prefill are passed as returning to decode."""
-    from sglang_prorsa.policy.role_switch.controller import RoleSwitchController
     from sglang_prorsa.policy.role_switch.planner import PACED, WAITS_BALANCED
     from sglang_prorsa.sim.runner import simulate
 
-    seen = []
-    tick = RoleSwitchController.tick
-
-    def spy(self, control, reports, profile=None):
-        decision = tick(self, control, reports, profile)
-        seen.append((self._clock.now(), control.decode_completions_per_s, decision.demand["waits"],
-                     decision.hold_reason, len(decision.plan.switches), control.decode_requests_returning,
-                     control.decode_kv_returning))
-        return decision
-
-    monkeypatch.setattr(RoleSwitchController, "tick", spy)
     rollout = RolloutConfig(preset="coding_agent", staleness=1, group_size=8, groups_per_step=16, steps=3)
     result = simulate(load_model("mimo_v25_pro"), ClusterConfig(gpus=128, mode="adaptive", planner="waits"), rollout)
     assert result.steps_done == 3
+    seen = [(t, control.decode_completions_per_s, decision.demand["waits"], decision.hold_reason,
+             len(decision.plan.switches), control.decode_requests_returning, control.decode_kv_returning)
+            for t, control, decision in ticks]
     assert seen[0][1] is None and seen[0][2] is None  # one reading: no rate, no waits, the forecast rules decide
     measured = [s for s in seen if s[1] is not None and s[1] > 0]
     assert measured and all(s[2] is not None for s in measured)
@@ -179,26 +179,17 @@ def test_the_driver_measures_decode_completions_and_the_wait_rule_decides_with_t
         ClusterConfig(gpus=128, mode="adaptive", planner="nope")
 
 
-def test_the_move_review_is_opt_in_and_reads_the_decode_end_counter(monkeypatch):
+def test_the_move_review_is_opt_in_and_reads_the_decode_end_counter(ticks):
     """With ``move_review`` the driver hands the controller the tracker's decode_end count at every tick and the
     decision carries the review's state; without it there is no review (policy/role_switch/review.py)."""
-    from sglang_prorsa.policy.role_switch.controller import RoleSwitchController
     from sglang_prorsa.sim.runner import simulate
 
-    seen = []
-    tick = RoleSwitchController.tick
-
-    def spy(self, control, reports, profile=None):
-        decision = tick(self, control, reports, profile)
-        seen.append((control.decode_completions_total, decision.review))
-        return decision
-
-    monkeypatch.setattr(RoleSwitchController, "tick", spy)
     rollout = RolloutConfig(preset="coding_agent", staleness=1, group_size=8, groups_per_step=16, steps=3)
     for review in (True, False):
-        seen.clear()
+        ticks.clear()
         cluster = ClusterConfig(gpus=128, mode="adaptive", planner="waits", move_review=review)
         assert simulate(load_model("mimo_v25_pro"), cluster, rollout).steps_done == 3
+        seen = [(control.decode_completions_total, decision.review) for _, control, decision in ticks]
         totals = [s[0] for s in seen]
         assert all(isinstance(n, int) for n in totals) and totals == sorted(totals) and totals[-1] > 0
         assert all((s[1] is not None) is review for s in seen)

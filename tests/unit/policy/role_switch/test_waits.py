@@ -76,9 +76,24 @@ def test_completion_rate_spans_about_one_window():
     assert rate.per_s() is None
 
 
-def test_completion_rate_rejects_a_bad_window():
-    with pytest.raises(ValueError, match="window_s"):
-        CompletionRate(0.0)
+def test_completion_rate_keeps_readings_for_keep_s_and_rates_any_kept_span():
+    rate = CompletionRate(window_s=60.0, keep_s=150.0)
+    for t in range(0, 301, 10):
+        assert rate.observe(float(t), t * t // 10)  # 0, 10, 40, 90, ...: the rate grows with t
+    assert rate.first_s == 150.0  # the newest reading at or before 300 - 150
+    assert rate.per_s() == pytest.approx((9000 - 5760) / 60)  # still the last window: readings at 240 and 300 s
+    assert rate.rate(150.0, 200.0) == pytest.approx((4000 - 2250) / 50)
+    assert rate.rate(155.0, 205.0) == pytest.approx((4000 - 2250) / 50)  # the readings at or before each end
+    assert rate.rate(149.0, 300.0) is None  # dropped
+    assert not rate.observe(310.0, 5)  # the counter went back: started over
+    assert rate.first_s == 310.0 and rate.rate(300.0, 310.0) is None
+
+
+@pytest.mark.parametrize("window_s, keep_s, field", [(0.0, None, "window_s"), (60.0, 59.0, "keep_s"),
+                                                     (60.0, math.inf, "keep_s")])
+def test_completion_rate_rejects_bad_spans(window_s, keep_s, field):
+    with pytest.raises(ValueError, match=field):
+        CompletionRate(window_s, keep_s)
 
 
 def alloc(budget=6):
