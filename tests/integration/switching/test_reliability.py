@@ -37,6 +37,10 @@ RESTART_PATHS = ("restarted", "orphans_continued", "released_for_lost_prefill", 
                  "resume_attempts_failed", "transfers_failed_continued", "prefix_loads_failed")
 
 
+def _restart_paths(front) -> dict[str, int]:
+    return {k: engine_counter(front, k) for k in RESTART_PATHS}
+
+
 def _lengths(i: int) -> int:
     return 12 + (i * 97) % 389  # 12 ... 400 tokens
 
@@ -53,7 +57,7 @@ def test_nothing_is_lost_at_a_fast_switch_rate(deployment):
     computed_before = computed_tokens(front)
     before = {k: computed_tokens(front, k) for k in ("prompt_tokens_discarded", "resume_prompt_tokens_computed")}
     lost_before = engine_counter(front, "transfers_failed_prompt_tokens")
-    paths_before = {k: engine_counter(front, k) for k in RESTART_PATHS}
+    paths_before = _restart_paths(front)
     done = threading.Event()
     reports: list[dict] = []
 
@@ -106,7 +110,7 @@ def test_nothing_is_lost_at_a_fast_switch_rate(deployment):
     extra = computed_tokens(front) - computed_before - sum(len(p) for p in prompts)
     where = {k: computed_tokens(front, k) - before[k] for k in before}
     lost = engine_counter(front, "transfers_failed_prompt_tokens") - lost_before
-    paths = {k: engine_counter(front, k) - paths_before[k] for k in RESTART_PATHS}
+    paths = {k: n - paths_before[k] for k, n in _restart_paths(front).items()}
     # A string, so that pytest prints it whole (it cuts the repr of other objects).
     assert 0 <= extra <= moves * PAGE + lost, \
         f"extra={extra} moves={moves} lost={lost} where={where} paths={paths} restarts={restarts}"
@@ -150,10 +154,10 @@ def _answers_while_killing(front, prompts, max_new, pick, ready) -> tuple[list, 
 def _serves_as_before(front, prompts, ref, max_new) -> None:
     """After a restart, every prompt again (at once: both pairs serve), with its reference output, and no request
     taking one of the ways back from a failure (a transfer to a dead peer, a restart from its prompt)."""
-    paths = {k: engine_counter(front, k) for k in RESTART_PATHS}
+    paths = _restart_paths(front)
     again = run_all(lambda p: generate(front.url, p, max_new), prompts)
     assert [(s, out.get("output_ids")) for s, out in again] == [(200, r["output_ids"]) for _, r in ref]
-    assert {k: engine_counter(front, k) for k in RESTART_PATHS} == paths
+    assert _restart_paths(front) == paths
 
 
 def test_a_decode_instance_killed_while_busy_loses_nothing_and_rejoins(deployment):
