@@ -17,8 +17,9 @@ rate is the rollout's throughput. ``settle_s`` skips the switch itself and the r
 about two steps of the cell above, so that a window's phase within a step matters less. While a move is under review no other
 move is made (``REVIEWING``): a second move would make the comparison say nothing about either. An undone move is
 refused from the same split in the same direction for ``block_s`` (``REFUSED_BY_REVIEW``), after which it may be
-tried again: the workload may have changed. A move made with less than ``window_s`` of readings behind it, or while
-the completion counter is not known, goes unreviewed.
+tried again: the workload may have changed. A move made with less than ``window_s`` of readings behind it, with no
+completion in that window (a paused trainer, a cold start), or while the completion counter is not known, goes
+unreviewed.
 
 Measured, not a default (opt-in in the simulator only: ``ClusterConfig.move_review``, ``bench_sim_grid.py
 --move-review``; benchmarks/results/wait_rule_ab/move_review_per_seed.json). With the wait rule it fixes the cell
@@ -154,12 +155,14 @@ class MoveReview:
         return self.last_verdict
 
     def start(self, now: float, instance_ids: tuple[str, ...], src: Role, dst: Role, prefill_instances: int) -> bool:
-        """Put a move made now under review; False (unreviewed) with less than ``window_s`` of readings behind it."""
+        """Put a move made now under review; False (unreviewed) with less than ``window_s`` of readings behind it,
+        or with no completion in the window before it: no fall can be measured from zero, and a review would only
+        hold every other move for ``due_after_s``."""
         first = self._history.first_s
         if first is None or now - first < self.config.window_s:
             return False
         before = self.rate(now - self.config.window_s, now)
-        if before is None:
+        if before is None or before <= 0:
             return False
         self.pending = Review(now, instance_ids, src, dst, prefill_instances, before)
         return True

@@ -43,6 +43,16 @@ def test_a_move_is_reviewed_only_with_a_window_of_readings_behind_it():
     assert review.pending.before_per_s == 1.0  # 60 completions over [0, 60]
 
 
+def test_a_move_with_no_completion_in_the_window_before_it_is_not_reviewed():
+    # 0 completions over [0, 60]: no fall can be measured, so the move is not held for a verdict
+    review = fed([(0.0, 40), (60.0, 40)])
+    assert not review.start(60.0, ("p0",), P, D, 3)
+    assert review.pending is None and not review.holding(60.0)
+    review.observe(61.0, 41)  # one completion since: reviewed
+    assert review.start(61.0, ("p0",), P, D, 3)
+    assert review.pending.before_per_s == pytest.approx(1 / 61)  # from the reading at 0 s: 1 over 61 s
+
+
 @pytest.mark.parametrize("after_total, undone", [(130, True), (158, False)])
 def test_a_move_whose_completions_fell_by_more_than_the_tolerance_is_undone_and_refused(after_total, undone):
     # 1 completion per s before the move at 60 s. The verdict is due at 60 + 10 + 60 = 130 s and counts from the
